@@ -1,0 +1,94 @@
+"""Progressive diagnosis of one job's trace: L1, then L2 and L3 on the steady steps, verdicts.
+
+``diagnose(trace)`` returns a ``Diagnosis``; ``Diagnosis.to_json()`` is the documented
+``argus diagnose --json`` contract (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from argus_core.detect.l1 import L1Config, L1Result, detect_l1
+from argus_core.detect.l2 import L2Config, L2Result, detect_l2
+from argus_core.detect.l3 import KernelScores, L3Config
+from argus_core.detect.l3_findings import KernelFinding, kernel_findings
+from argus_core.detect.steps import StepMatrix, step_matrix
+from argus_core.detect.verdict import Verdict, build_verdicts
+from argus_core.stats.compress import CompressionConfig
+from argus_core.summaries import DEFAULT_WINDOW_S
+from argus_core.trace import Trace
+
+
+@dataclass(frozen=True)
+class DiagnoseConfig:
+    """All thresholds, grouped by level; defaults are the documented ones."""
+
+    l1: L1Config = field(default_factory=L1Config)
+    l2: L2Config = field(default_factory=L2Config)
+    l3: L3Config = field(default_factory=L3Config)
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
+    window_s: float = DEFAULT_WINDOW_S
+    peer_axis: str = "pp"  # L3 compares ranks at the same position on this axis
+
+
+@dataclass
+class Diagnosis:
+    """Everything found for one job, plus what the report and plots need."""
+
+    job: str
+    matrix: StepMatrix
+    l1: L1Result
+    l2: L2Result
+    l3: list[KernelFinding]
+    excused: list[KernelFinding]
+    verdicts: list[Verdict]
+    scores: KernelScores | None
+    warnings: list[str] = field(default_factory=list)
+    kernel_count: int = 0
+
+    def to_json(self) -> dict:
+        """The ``argus diagnose --json`` document (DESIGN.md contract)."""
+        return {
+            "job": self.job,
+            "l1": {"spikes": [{"step": s, "ratio": round(r, 2)} for s, r in self.l1.spikes],
+                   "regressions": [{"step": s, "ratio": round(r, 2)}
+                                   for s, r in self.l1.regressions]},
+            "l2": {"stragglers": [{"rank": f.rank, "phase": f.phase, "axis": f.axis,
+                                   "ratio": round(f.ratio, 2), "z": round(f.z, 1)}
+                                  for f in self.l2.findings]},
+            "l3": {"stragglers": [{"rank": f.rank, "kernel": f.kernel, "stream": f.stream,
+                                   "score": round(f.score, 3)} for f in self.l3]},
+            "verdict": [{"rank": v.rank, "cause": v.cause, "evidence": v.evidence}
+                        for v in self.verdicts],
+        }
+
+
+def diagnose(trace: Trace, config: DiagnoseConfig | None = None) -> Diagnosis:
+    """Run L1, L2 and L3 on one job's trace and combine them into verdicts."""
+    config = config or DiagnoseConfig()
+    warnings = []
+    matrix = step_matrix(trace.steps)
+    silent = sorted(set(trace.rank_ids.tolist()) - set(matrix.ranks.tolist()))
+    if silent:
+        warnings.append(f"{len(silent)} rank(s) have no step records and are left out of L1/L2: "
+                        f"{', '.join(map(str, silent[:10]))}{' ...' if len(silent) > 10 else ''}")
+    l1 = detect_l1(matrix, config.l1)
+    coords = trace.coords(matrix.ranks)
+    steady = l1.steady_mask
+    if len(matrix.steps) and not steady.any():
+        warnings.append("no steady steps to compare ranks on (too few steps after warm-up)")
+    l2 = detect_l2(matrix, coords, steady, config.l2) if steady.any() else L2Result()
+    scores, l3, excused = kernel_findings(trace, matrix, l1, l2.wait_s, config.window_s,
+                                          config.peer_axis, config.compression, config.l3)
+    verdicts = build_verdicts(l1, l2, l3, trace.stacks)
+    return Diagnosis(trace.job, matrix, l1, l2, l3, excused, verdicts, scores, warnings,
+                     int(len(trace.kernels)))
+
+
+def step_range(matrix: StepMatrix) -> str:
+    """'0-39' style description of the recorded steps."""
+    if len(matrix.steps) == 0:
+        return "none"
+    return f"{int(np.min(matrix.steps))}-{int(np.max(matrix.steps))}"

@@ -1,0 +1,112 @@
+"""Verdicts: one cause per flagged rank (compute, communication or host), with evidence in words.
+
+Compute wins over communication: a rank with slow compute also shows odd collectives (short,
+because it arrives last), and its peers' long collectives are waiting (case 5). A rank is
+"communication" when only its collectives are slow and it is not merely waiting. "host" comes
+from L1 spikes whose excess sits in the rank's host time (wall - GPU) while its GPU time stayed
+flat (case 4).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from argus_core.detect.l1 import L1Result
+from argus_core.detect.l2 import L2Result
+from argus_core.detect.l3_findings import KernelFinding
+from argus_core.schema import StackRecord
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The most likely cause for one rank and why."""
+
+    rank: int
+    cause: str
+    evidence: str
+
+
+def _ranks_text(ranks) -> str:
+    ranks = sorted(set(ranks))
+    shown = ", ".join(map(str, ranks[:8]))
+    return shown + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+
+
+def build_verdicts(l1: L1Result, l2: L2Result, l3: list[KernelFinding],
+                   stacks: list[StackRecord] | None = None) -> list[Verdict]:
+    """Combine L1 spike culprits, L2 findings and L3 findings into one verdict per rank."""
+    l2_by_rank = defaultdict(list)
+    for finding in l2.findings:
+        l2_by_rank[finding.rank].append(finding)
+    l3_by_rank = defaultdict(list)
+    for finding in l3:
+        l3_by_rank[finding.rank].append(finding)
+    late = defaultdict(list)
+    for role in l2.roles:
+        if role.role == "late":
+            late[role.rank].append(role)
+    spikes = defaultdict(list)
+    for culprit in l1.culprits:
+        spikes[culprit.rank].append(culprit)
+    onset = f" since step {l1.regressions[-1][0]}" if l1.regressions else ""
+
+    verdicts = []
+    for rank in sorted(set(l2_by_rank) | set(l3_by_rank) | set(spikes)):
+        phases = [f for f in l2_by_rank[rank] if f.kind == "compute"]
+        links = [f for f in l2_by_rank[rank] if f.kind == "communication"]
+        kernels = [f for f in l3_by_rank[rank] if not f.comm]
+        collectives = [f for f in l3_by_rank[rank] if f.comm]
+        if phases or kernels:
+            verdicts.append(Verdict(rank, "compute", _compute_evidence(
+                phases, kernels, late[rank], onset)))
+        elif links or collectives:
+            verdicts.append(Verdict(rank, "communication", _link_evidence(
+                rank, links, collectives, l3)))
+        elif spikes[rank]:
+            verdicts.append(Verdict(rank, spikes[rank][0].cause, _spike_evidence(
+                rank, spikes[rank], l2, stacks or [])))
+    return verdicts
+
+
+def _compute_evidence(phases, kernels, late_roles, onset: str) -> str:
+    parts = [f"{f.phase} {f.ratio:.1f}x its {f.axis}-group peers (robust z {f.z:.0f})"
+             for f in sorted(phases, key=lambda f: -f.ratio)]
+    if kernels:
+        top = sorted(kernels, key=lambda f: -f.score)[:3]
+        parts.append("slow kernels: " + ", ".join(f"{k.kernel} +{k.score:.0%}" for k in top))
+    text = "; ".join(parts) + onset
+    if late_roles:
+        names = sorted({r.phase for r in late_roles})
+        waiting = sorted({p for r in late_roles for p in r.peers})
+        share = min(r.share for r in late_roles)
+        text += (f". Its {', '.join(names)} take {share:.2f}x the time of its peers (ranks "
+                 f"{_ranks_text(waiting)} wait for it there): it arrives late, so the network "
+                 f"is not the cause")
+    return text
+
+
+def _link_evidence(rank: int, links, collectives, all_l3: list[KernelFinding]) -> str:
+    parts = [f"{f.phase} {f.ratio:.1f}x for its whole {f.axis} group" for f in links]
+    for finding in sorted(collectives, key=lambda f: -f.score)[:3]:
+        same = {f.rank for f in all_l3 if f.kernel == finding.kernel and f.stream ==
+                finding.stream}
+        shared = f", as on ranks {_ranks_text(same)}" if len(same) > 1 else ""
+        parts.append(f"{finding.kernel} on stream {finding.stream} +{finding.score:.0%} slower "
+                     f"than healthy peers{shared}")
+    text = "; ".join(parts)
+    return text + ": compute is normal, so suspect the link, NIC or switch these ranks share"
+
+
+def _spike_evidence(rank: int, culprits, l2: L2Result, stacks: list[StackRecord]) -> str:
+    steps = ", ".join(str(c.step) for c in culprits)
+    extra = max(c.excess_s for c in culprits)
+    if culprits[0].cause == "host":
+        text = (f"steps {steps}: host time (wall - GPU) up to +{extra:.2f} s while its GPU "
+                f"time stayed flat; the other ranks' collectives waited for it")
+    else:
+        text = f"steps {steps}: compute time up to +{extra:.2f} s on this rank only"
+    frames = [s.frames[-1] for s in stacks if s.rank == rank and len(s.frames) > 3]
+    if frames:
+        text += f"; host stack during the stall ends in {frames[-1]}"
+    return text

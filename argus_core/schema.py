@@ -1,0 +1,236 @@
+"""Trace record schema v1: the contract between exporters, Vector, the processor and diagnosis.
+
+One JSON object per NDJSON line. Every record carries ``v`` (1), ``kind``, ``job`` and ``rank``.
+This module validates one decoded record at a time and returns it in normalised form; kernel
+batches come back as numpy columns so no per-kernel Python object outlives the decode.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+KINDS = ("rank", "step", "kernels", "stack")
+AXES = ("dp", "tp", "pp", "ep")
+KERNEL_COLUMNS = ("name", "stream", "start_ns", "dur_ns")
+
+
+class SchemaError(ValueError):
+    """A record that breaks schema v1; ``field`` names the offending field (dotted path)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    """Identity of one rank: where it runs and its position on each parallel axis."""
+
+    job: str
+    rank: int
+    world_size: int
+    host: str
+    local_rank: int
+    coords: tuple[int, int, int, int]  # in AXES order
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One training step of one rank: host wall time, device time and per-phase device time."""
+
+    job: str
+    rank: int
+    step: int
+    t_ns: int
+    wall_s: float
+    gpu_s: float
+    phases: dict[str, float]
+
+
+@dataclass(frozen=True)
+class KernelBatch:
+    """A columnar batch of kernel executions; ``name`` indexes ``names``."""
+
+    job: str
+    rank: int
+    names: list[str]
+    name: np.ndarray  # int32
+    stream: np.ndarray  # int64
+    start_ns: np.ndarray  # int64
+    dur_ns: np.ndarray  # int64
+
+
+@dataclass(frozen=True)
+class StackRecord:
+    """One host stack sample, outermost frame first."""
+
+    job: str
+    rank: int
+    t_ns: int
+    thread: str
+    frames: list[str]
+
+
+Record = RankRecord | StepRecord | KernelBatch | StackRecord
+
+
+def _int(rec: dict, field: str, *, minimum: int | None = 0, required: bool = True) -> int | None:
+    value = rec.get(field)
+    if value is None:
+        if required:
+            raise SchemaError(field, "missing")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SchemaError(field, f"expected an integer, got {type(value).__name__} {value!r:.40}")
+    if minimum is not None and value < minimum:
+        raise SchemaError(field, f"must be >= {minimum}, got {value}")
+    return value
+
+
+def _str(rec: dict, field: str, *, required: bool = True) -> str | None:
+    value = rec.get(field)
+    if value is None:
+        if required:
+            raise SchemaError(field, "missing")
+        return None
+    if not isinstance(value, str) or not value:
+        raise SchemaError(field, f"expected a non-empty string, got {value!r:.40}")
+    return value
+
+
+def _seconds(value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SchemaError(field, f"expected a number of seconds, got {value!r:.40}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise SchemaError(field, f"must be a finite duration >= 0, got {value}")
+    return value
+
+
+def _column(rec: dict, field: str, dtype: type) -> np.ndarray:
+    values = rec.get(field)
+    if values is None:
+        raise SchemaError(field, "missing")
+    if not isinstance(values, list):
+        raise SchemaError(field, f"expected an array, got {type(values).__name__}")
+    try:
+        array = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError):
+        bad = next((i for i, v in enumerate(values) if isinstance(v, bool) or
+                    not isinstance(v, int | float)), 0)
+        raise SchemaError(f"{field}[{bad}]", f"expected a number, got {values[bad]!r:.40}") from None
+    if array.ndim != 1:
+        raise SchemaError(field, "expected a flat array of numbers")
+    finite = np.isfinite(array)
+    if not finite.all():
+        bad = int(np.argmin(finite))
+        raise SchemaError(f"{field}[{bad}]", f"must be finite, got {values[bad]}")
+    negative = array < 0
+    if negative.any():
+        bad = int(np.argmax(negative))
+        raise SchemaError(f"{field}[{bad}]", f"must be >= 0, got {values[bad]}")
+    if dtype is np.int64:
+        fractional = array != np.floor(array)
+        if fractional.any():
+            bad = int(np.argmax(fractional))
+            raise SchemaError(f"{field}[{bad}]", f"expected an integer, got {values[bad]}")
+        if (array > 2**62).any():
+            bad = int(np.argmax(array > 2**62))
+            raise SchemaError(f"{field}[{bad}]", f"out of range: {values[bad]}")
+        # JSON integers above 2**53 lose precision through float64: re-read them exactly.
+        if (array > 2**53).any():
+            return np.array(values, dtype=np.int64)
+    return array.astype(dtype)
+
+
+def _coords(rec: dict) -> tuple[int, int, int, int]:
+    coords = rec.get("coords", {})
+    if coords is None:
+        coords = {}
+    if not isinstance(coords, dict):
+        raise SchemaError("coords", f"expected an object of axis -> index, got {coords!r:.40}")
+    unknown = set(coords) - set(AXES)
+    if unknown:
+        raise SchemaError("coords", f"unknown axis {sorted(unknown)[0]!r} (axes: {', '.join(AXES)})")
+    return tuple(_int(coords, axis, required=False) or 0 for axis in AXES)  # type: ignore[return-value]
+
+
+def parse_record(rec: Any) -> Record:
+    """Validate one decoded JSON value against schema v1 and return its typed form.
+
+    Raises SchemaError naming the first offending field; nothing is partially accepted.
+    """
+    if not isinstance(rec, dict):
+        raise SchemaError("record", f"expected a JSON object, got {type(rec).__name__}")
+    version = rec.get("v")
+    if version != SCHEMA_VERSION:
+        raise SchemaError("v", f"unsupported schema version {version!r} (this reader knows 1)")
+    kind = rec.get("kind")
+    if kind not in KINDS:
+        raise SchemaError("kind", f"unknown kind {kind!r} (known: {', '.join(KINDS)})")
+    job = _str(rec, "job")
+    rank = _int(rec, "rank")
+    if kind == "step":
+        return _parse_step(rec, job, rank)
+    if kind == "kernels":
+        return _parse_kernels(rec, job, rank)
+    if kind == "rank":
+        world_size = _int(rec, "world_size", minimum=1)
+        if rank >= world_size:
+            raise SchemaError("rank", f"rank {rank} outside world_size {world_size}")
+        return RankRecord(job, rank, world_size, _str(rec, "host", required=False) or "",
+                          _int(rec, "local_rank", required=False) or 0, _coords(rec))
+    return _parse_stack(rec, job, rank)
+
+
+def _parse_step(rec: dict, job: str, rank: int) -> StepRecord:
+    phases = rec.get("phases", {})
+    if phases is None:
+        phases = {}
+    if not isinstance(phases, dict):
+        raise SchemaError("phases", f"expected an object of phase -> seconds, got {phases!r:.40}")
+    clean = {}
+    for name, value in phases.items():
+        if not name:
+            raise SchemaError("phases", "empty phase name")
+        clean[name] = _seconds(value, f"phases.{name}")
+    gpu = rec.get("gpu_s")
+    return StepRecord(
+        job, rank, _int(rec, "step"), _int(rec, "t_ns"), _seconds(rec.get("wall_s"), "wall_s"),
+        math.nan if gpu is None else _seconds(gpu, "gpu_s"), clean)
+
+
+def _parse_kernels(rec: dict, job: str, rank: int) -> KernelBatch:
+    names = rec.get("names")
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise SchemaError("names", "expected an array of non-empty kernel name strings")
+    name = _column(rec, "name", np.int64)
+    columns = {f: _column(rec, f, np.int64) for f in KERNEL_COLUMNS[1:]}
+    lengths = {f: len(c) for f, c in (("name", name), *columns.items())}
+    if len(set(lengths.values())) != 1:
+        detail = ", ".join(f"{f}={n}" for f, n in lengths.items())
+        raise SchemaError("kernels", f"columns have different lengths ({detail})")
+    if len(name) and name.max() >= len(names):
+        bad = int(np.argmax(name >= len(names)))
+        raise SchemaError(f"name[{bad}]", f"index {int(name[bad])} outside names (len {len(names)})")
+    return KernelBatch(job, rank, names, name.astype(np.int32), columns["stream"],
+                       columns["start_ns"], columns["dur_ns"])
+
+
+def _parse_stack(rec: dict, job: str, rank: int) -> StackRecord:
+    frames = rec.get("frames")
+    if not isinstance(frames, list) or not all(isinstance(f, str) for f in frames):
+        raise SchemaError("frames", "expected an array of frame strings")
+    return StackRecord(job, rank, _int(rec, "t_ns"), _str(rec, "thread", required=False) or "",
+                       frames)
+
+
+def coords_dict(coords: tuple[int, ...]) -> dict[str, int]:
+    """Render a coords tuple in AXES order as the schema's ``coords`` object."""
+    return dict(zip(AXES, (int(c) for c in coords), strict=True))

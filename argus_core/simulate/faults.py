@@ -1,0 +1,89 @@
+"""Faults the simulator can inject, and their one-line text form for ``argus simulate --fault``.
+
+    compute:ranks=5:phases=attention*25,mlp*20:from=15     slow kernels of some phases
+    link:ranks=4-7:axis=tp:factor=8:ops=AllGather*12:from=0  slow collectives on one axis
+    stall:ranks=3:steps=12,27:seconds=2.5                 host-side stalls before a step
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault. ``kind`` is compute, link or stall."""
+
+    kind: str
+    ranks: tuple[int, ...]
+    phases: dict[str, float] = field(default_factory=dict)  # compute: phase -> slowdown
+    axis: str = ""  # link: the axis whose collectives slow down
+    factor: float = 1.0  # link: transfer-time multiplier
+    ops: dict[str, float] = field(default_factory=dict)  # link: per-kernel-name overrides
+    start: int = 0  # first affected step (compute, link)
+    end: int | None = None  # first unaffected step, None = until the end
+    steps: tuple[int, ...] = ()  # stall: the steps that stall
+    seconds: float = 0.0  # stall: length of each stall
+
+    def active(self, step: int) -> bool:
+        """Whether a compute or link fault applies at ``step``."""
+        return step >= self.start and (self.end is None or step < self.end)
+
+    def __str__(self) -> str:
+        ranks = ",".join(map(str, self.ranks))
+        if self.kind == "compute":
+            spec = ",".join(f"{p}*{f:g}" for p, f in self.phases.items())
+            return f"compute:ranks={ranks}:phases={spec}:from={self.start}"
+        if self.kind == "link":
+            ops = "".join(f":ops={','.join(f'{o}*{f:g}' for o, f in self.ops.items())}"
+                          for _ in [0] if self.ops)
+            return (f"link:ranks={ranks}:axis={self.axis}:factor={self.factor:g}{ops}"
+                    f":from={self.start}")
+        return f"stall:ranks={ranks}:steps={','.join(map(str, self.steps))}:seconds={self.seconds:g}"
+
+
+def _ranks(text: str) -> tuple[int, ...]:
+    out: list[int] = []
+    for part in text.split(","):
+        lo, sep, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+    return tuple(out)
+
+
+def parse_fault(spec: str) -> Fault:
+    """Parse the text form above; raises ValueError naming the bad part."""
+    kind, *parts = spec.split(":")
+    if kind not in ("compute", "link", "stall"):
+        raise ValueError(f"fault {spec!r}: kind must be compute, link or stall, not {kind!r}")
+    fields: dict[str, str] = {}
+    for part in parts:
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise ValueError(f"fault {spec!r}: expected key=value, got {part!r}")
+        fields[key] = value
+    try:
+        ranks = _ranks(fields.pop("ranks"))
+        start = int(fields.pop("from", "0"))
+        if kind == "compute":
+            phases = {}
+            for item in fields.pop("phases").split(","):
+                phase, _, factor = item.partition("*")
+                phases[phase] = float(factor)
+            fault = Fault("compute", ranks, phases=phases, start=start)
+        elif kind == "link":
+            ops = {}
+            for item in filter(None, fields.pop("ops", "").split(",")):
+                op, _, factor = item.partition("*")
+                ops[op] = float(factor)
+            fault = Fault("link", ranks, axis=fields.pop("axis"),
+                          factor=float(fields.pop("factor")), ops=ops, start=start)
+        else:
+            fault = Fault("stall", ranks, steps=_ranks(fields.pop("steps")),
+                          seconds=float(fields.pop("seconds")))
+    except KeyError as exc:
+        raise ValueError(f"fault {spec!r}: missing {exc.args[0]}=") from None
+    except ValueError as exc:
+        raise ValueError(f"fault {spec!r}: {exc}") from None
+    if fields:
+        raise ValueError(f"fault {spec!r}: unknown key {sorted(fields)[0]!r}")
+    return fault

@@ -1,0 +1,89 @@
+"""Robust location, scale and fences for small peer groups.
+
+Peer groups in parallel training are small (a TP group of 4, a PP group of 8): sample means and
+standard deviations are dragged by the very outlier being looked for, and a sample z-score can
+never exceed (n-1)/sqrt(n) (2.47 at n = 8). Medians and the MAD do not have that ceiling.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+from scipy.special import ndtri
+
+MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this = its standard deviation
+
+
+def nanmedian(values: np.ndarray, axis: int | tuple[int, ...] | None = None) -> np.ndarray:
+    """np.nanmedian where an all-NaN slice quietly gives NaN (missing data is expected here)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmedian(values, axis=axis)
+
+
+def robust_z(values: np.ndarray, center: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """(values - center) / scale with a zero scale treated as 'no spread' (z = 0 or inf)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = (values - center) / scale
+    return np.where(scale > 0, z, np.where(values > center, np.inf, 0.0))
+
+
+def median_of_others(values: np.ndarray) -> np.ndarray:
+    """For each entry of a (..., N) array, the median of the other N-1 entries of its row.
+
+    Sort once; without entry i the remaining sorted row is v[j + (j >= i)], so its median is
+    read off at two positions: O(N log N) per row instead of N medians. NaN entries are
+    ignored (rows are handled by the slow path when they contain any).
+    """
+    values = np.asarray(values, dtype=np.float64)
+    n = values.shape[-1]
+    if n < 2:
+        return np.full(values.shape, np.nan)
+    nan_rows = np.isnan(values).any(axis=-1)
+    order = np.argsort(values, axis=-1, kind="stable")
+    ranked = np.take_along_axis(values, order, axis=-1)
+    position = np.empty_like(order)
+    np.put_along_axis(position, order, np.arange(n), axis=-1)  # rank of each entry
+    m = n - 1
+    lo_j, hi_j = (m - 1) // 2, m // 2
+    lo = np.take_along_axis(ranked, lo_j + (lo_j >= position), axis=-1)
+    hi = np.take_along_axis(ranked, hi_j + (hi_j >= position), axis=-1)
+    out = (lo + hi) / 2
+    if nan_rows.any():
+        rows = values[nan_rows]
+        slow = np.empty_like(rows)
+        for i in range(n):
+            slow[..., i] = nanmedian(np.delete(rows, i, axis=-1), axis=-1)
+        out[nan_rows] = slow
+    return out
+
+
+def mad_sigma(values: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Normal-consistent MAD scale along an axis (NaN ignored)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        center = np.nanmedian(values, axis=axis, keepdims=True)
+        return MAD_TO_SIGMA * np.nanmedian(np.abs(values - center), axis=axis)
+
+
+def family_z(n_tests: int, alpha: float = 0.01) -> float:
+    """One-sided normal quantile that keeps the family-wise false-alarm rate near ``alpha``.
+
+    Used so that the expected number of false positives does not grow with the number of ranks
+    or groups tested (Bonferroni).
+    """
+    return float(ndtri(1.0 - alpha / max(n_tests, 1)))
+
+
+def lower_half_fence(scores: np.ndarray, n_sigma: float | np.ndarray) -> np.ndarray:
+    """Upper fence for each row of (U, N) scores, estimated from the faster half of peers.
+
+    With up to half of a group degraded, the lower half of the scores still comes from healthy
+    ranks: their 5th and 25th percentiles give a normal-consistent centre and spread, so a
+    symmetric IQR fence that a half-degraded group would blow open is never used.
+    """
+    q05, q25 = np.quantile(scores, [0.05, 0.25], axis=-1)
+    sigma = (q25 - q05) / 0.9706  # z(0.25) - z(0.05) for a normal
+    center = q25 + 0.6745 * sigma
+    return center + n_sigma * sigma

@@ -1,0 +1,98 @@
+"""Kernel summaries: the compressed form of kernel executions, per rank, kernel, stream, window.
+
+``summarize_kernels`` runs the valley compression over a whole ``KernelTable`` at once and
+returns one row per cluster. ``exposition`` renders summaries as the Prometheus text format
+that the processor serves: the triple (count, p50, p99) per cluster, which is all the L3
+scoring needs to rebuild each rank's distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from argus_core.stats.compress import CompressionConfig, compress
+from argus_core.stats.grouping import dense_ids
+from argus_core.trace import KernelTable
+
+DEFAULT_WINDOW_S = 60.0
+
+
+@dataclass
+class KernelSummary:
+    """One row per cluster of one (rank, kernel, stream, window); ``kernel`` indexes ``names``."""
+
+    rank: np.ndarray
+    kernel: np.ndarray
+    stream: np.ndarray
+    window: np.ndarray  # window index: start_ns // window_ns
+    cluster: np.ndarray
+    count: np.ndarray
+    sum_ns: np.ndarray
+    p50_ns: np.ndarray
+    p99_ns: np.ndarray
+    names: list[str]
+    window_ns: int
+
+    def __len__(self) -> int:
+        return len(self.rank)
+
+    def take(self, mask: np.ndarray) -> KernelSummary:
+        """Rows selected by a boolean mask or an index array."""
+        cols = {f: getattr(self, f)[mask] for f in
+                ("rank", "kernel", "stream", "window", "cluster", "count", "sum_ns", "p50_ns",
+                 "p99_ns")}
+        return KernelSummary(**cols, names=self.names, window_ns=self.window_ns)
+
+
+def summarize_kernels(kernels: KernelTable, window_s: float = DEFAULT_WINDOW_S,
+                      config: CompressionConfig | None = None) -> KernelSummary:
+    """Compress every (rank, kernel, stream, window) group of a kernel table in one pass."""
+    if window_s <= 0:
+        raise ValueError(f"window_s must be > 0, got {window_s}")
+    window_ns = int(window_s * 1e9)
+    window = kernels.start_ns // window_ns
+    ids, (rank, kernel, stream, win) = dense_ids(kernels.rank, kernels.name.astype(np.int64),
+                                                  kernels.stream, window)
+    clusters = compress(ids, kernels.dur_ns, len(rank), config)
+    g = clusters.group
+    return KernelSummary(rank=rank[g], kernel=kernel[g], stream=stream[g], window=win[g],
+                         cluster=clusters.cluster, count=clusters.count, sum_ns=clusters.sum_ns,
+                         p50_ns=clusters.p50_ns, p99_ns=clusters.p99_ns, names=kernels.names,
+                         window_ns=window_ns)
+
+
+def exposition(summary: KernelSummary, job: str) -> bytes:
+    """Prometheus text exposition of kernel summaries (what a scrape of the processor returns).
+
+    Host and coords are deliberately not repeated on every series: they join from
+    ``argus_rank_info`` (the info-metric pattern), which keeps each sample line short.
+    """
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import GaugeMetricFamily
+
+    class _Collector:
+        def collect(self):  # noqa: D401 - prometheus_client protocol
+            labels = ["job", "rank", "kernel", "stream", "cluster"]
+            quantiles = GaugeMetricFamily(
+                "argus_kernel_duration_seconds",
+                "Kernel duration quantile per cluster in the last window.",
+                labels=[*labels, "quantile"])
+            counts = GaugeMetricFamily(
+                "argus_kernel_executions", "Kernel executions per cluster in the last window.",
+                labels=labels)
+            rows = zip(summary.rank.tolist(), summary.kernel.tolist(), summary.stream.tolist(),
+                       summary.cluster.tolist(), summary.count.tolist(),
+                       summary.p50_ns.tolist(), summary.p99_ns.tolist(), strict=True)
+            for rank, kernel, stream, cluster, count, p50, p99 in rows:
+                key = [job, str(rank), summary.names[kernel], str(stream), str(cluster)]
+                counts.add_metric(key, count)
+                quantiles.add_metric([*key, "0.5"], p50 * 1e-9)
+                quantiles.add_metric([*key, "0.99"], p99 * 1e-9)
+            yield quantiles
+            yield counts
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector())
+    return generate_latest(registry)

@@ -1,0 +1,31 @@
+"""What a phase or a kernel is: compute or communication, and on which parallel axis.
+
+Communication phases are named ``{axis}-{operation}`` (``dp-allreduce``, ``tp-comm``), so the
+collective's group is known; kernels are classified by name (NCCL/RCCL and collective names).
+"""
+
+from __future__ import annotations
+
+import re
+
+from argus_core.schema import AXES
+
+_COMM_WORDS = re.compile(
+    r"nccl|rccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|send_?recv|broadcast|"
+    r"\bp2p\b|barrier|\bcomm\b|collective", re.IGNORECASE)
+
+
+def phase_axis(name: str) -> str | None:
+    """The parallel axis a phase belongs to, from an ``{axis}-`` prefix, else None."""
+    head, sep, _ = name.partition("-")
+    return head if sep and head in AXES else None
+
+
+def is_comm_phase(name: str) -> bool:
+    """True for communication phases (axis-prefixed or named after a collective)."""
+    return phase_axis(name) is not None or bool(_COMM_WORDS.search(name))
+
+
+def is_comm_kernel(name: str) -> bool:
+    """True for collective / point-to-point communication kernels."""
+    return bool(_COMM_WORDS.search(name))

@@ -1,0 +1,189 @@
+"""Columnar, in-memory form of one job's trace records.
+
+Records arrive one JSON object at a time; diagnosis wants whole columns. ``TraceBuilder``
+collects validated records per job and ``finish()`` concatenates them into numpy arrays: steps
+as a (steps x phases) matrix, kernels as parallel columns with names interned once in a
+``SymbolTable``. Nothing here holds one Python object per kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from argus_core.schema import AXES, KernelBatch, RankRecord, Record, StackRecord, StepRecord
+
+
+class SymbolTable:
+    """Interns strings (kernel or phase names) to dense integer ids, first come first numbered."""
+
+    def __init__(self, names: list[str] | None = None):
+        self.names: list[str] = []
+        self._ids: dict[str, int] = {}
+        for name in names or []:
+            self.intern(name)
+
+    def intern(self, name: str) -> int:
+        """Return the id of ``name``, adding it if new."""
+        ident = self._ids.get(name)
+        if ident is None:
+            ident = self._ids[name] = len(self.names)
+            self.names.append(name)
+        return ident
+
+    def ids(self, names: list[str]) -> np.ndarray:
+        """Ids for a list of names, as an int32 lookup array (local index -> global id)."""
+        return np.fromiter((self.intern(n) for n in names), dtype=np.int32, count=len(names))
+
+    def get(self, name: str) -> int | None:
+        """Id of ``name`` or None when it was never seen."""
+        return self._ids.get(name)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+@dataclass
+class StepTable:
+    """Steps of all ranks: one row per (rank, step); ``phases`` is rows x phase_names, NaN = absent."""
+
+    rank: np.ndarray
+    step: np.ndarray
+    t_ns: np.ndarray
+    wall_s: np.ndarray
+    gpu_s: np.ndarray
+    phase_names: list[str]
+    phases: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.rank)
+
+
+@dataclass
+class KernelTable:
+    """Kernel executions of all ranks as parallel columns; ``name`` indexes ``names``."""
+
+    rank: np.ndarray
+    name: np.ndarray
+    stream: np.ndarray
+    start_ns: np.ndarray
+    dur_ns: np.ndarray
+    names: list[str]
+
+    def __len__(self) -> int:
+        return len(self.rank)
+
+    def take(self, mask: np.ndarray) -> KernelTable:
+        """Rows where ``mask`` is true (a boolean array or an index array)."""
+        return KernelTable(self.rank[mask], self.name[mask], self.stream[mask],
+                           self.start_ns[mask], self.dur_ns[mask], self.names)
+
+
+@dataclass
+class Trace:
+    """Everything recorded for one job."""
+
+    job: str
+    ranks: dict[int, RankRecord]
+    steps: StepTable
+    kernels: KernelTable
+    stacks: list[StackRecord] = field(default_factory=list)
+
+    @property
+    def rank_ids(self) -> np.ndarray:
+        """Sorted ids of every rank seen in any record."""
+        seen = set(self.ranks) | set(np.unique(self.steps.rank).tolist())
+        seen |= set(np.unique(self.kernels.rank).tolist())
+        return np.array(sorted(seen), dtype=np.int64)
+
+    def coords(self, ranks: np.ndarray) -> np.ndarray:
+        """(len(ranks) x 4) coords in AXES order; ranks without a rank record sit at 0."""
+        out = np.zeros((len(ranks), len(AXES)), dtype=np.int64)
+        for i, r in enumerate(ranks.tolist()):
+            info = self.ranks.get(r)
+            if info is not None:
+                out[i] = info.coords
+        return out
+
+
+class _JobBuilder:
+    def __init__(self, job: str):
+        self.job = job
+        self.ranks: dict[int, RankRecord] = {}
+        self.step_rows: list[StepRecord] = []
+        self.kernel_parts: list[tuple[int, np.ndarray, KernelBatch]] = []
+        self.stacks: list[StackRecord] = []
+
+
+class TraceBuilder:
+    """Accumulates validated records, per job, and builds columnar ``Trace`` objects."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, _JobBuilder] = {}
+        self.kernel_names = SymbolTable()
+
+    def add(self, record: Record) -> None:
+        """Add one validated record."""
+        job = self._jobs.get(record.job)
+        if job is None:
+            job = self._jobs[record.job] = _JobBuilder(record.job)
+        if isinstance(record, KernelBatch):
+            if len(record.name):
+                job.kernel_parts.append((record.rank, self.kernel_names.ids(record.names), record))
+        elif isinstance(record, StepRecord):
+            job.step_rows.append(record)
+        elif isinstance(record, RankRecord):
+            job.ranks[record.rank] = record  # the latest identity wins
+        else:
+            job.stacks.append(record)
+
+    @property
+    def jobs(self) -> list[str]:
+        """Jobs seen so far, in order of first appearance."""
+        return list(self._jobs)
+
+    def finish(self) -> dict[str, Trace]:
+        """Build one columnar Trace per job."""
+        return {name: Trace(name, b.ranks, _steps(b.step_rows), self._kernels(b.kernel_parts),
+                            b.stacks) for name, b in self._jobs.items()}
+
+    def _kernels(self, parts: list[tuple[int, np.ndarray, KernelBatch]]) -> KernelTable:
+        names = self.kernel_names.names
+        if not parts:
+            empty = np.zeros(0, dtype=np.int64)
+            return KernelTable(empty, empty.astype(np.int32), empty, empty, empty, names)
+        lengths = [len(batch.name) for _, _, batch in parts]
+        return KernelTable(
+            rank=np.repeat(np.array([r for r, _, _ in parts], dtype=np.int64), lengths),
+            name=np.concatenate([lut[batch.name] for _, lut, batch in parts]),
+            stream=np.concatenate([batch.stream for _, _, batch in parts]),
+            start_ns=np.concatenate([batch.start_ns for _, _, batch in parts]),
+            dur_ns=np.concatenate([batch.dur_ns for _, _, batch in parts]),
+            names=names,
+        )
+
+
+def _steps(rows: list[StepRecord]) -> StepTable:
+    phase_names = SymbolTable()
+    for row in rows:
+        for name in row.phases:
+            phase_names.intern(name)
+    phases = np.full((len(rows), len(phase_names)), np.nan)
+    for i, row in enumerate(rows):
+        for name, seconds in row.phases.items():
+            phases[i, phase_names.get(name)] = seconds
+    rank = np.array([r.rank for r in rows], dtype=np.int64)
+    step = np.array([r.step for r in rows], dtype=np.int64)
+    # A (rank, step) sent twice (a retried upload) counts once: the last copy wins.
+    order = np.lexsort((np.arange(len(rows)), step, rank))
+    if len(order):
+        last = np.ones(len(order), dtype=bool)
+        last[:-1] = (rank[order][1:] != rank[order][:-1]) | (step[order][1:] != step[order][:-1])
+        order = order[last]
+    return StepTable(
+        rank=rank[order], step=step[order],
+        t_ns=np.array([r.t_ns for r in rows], dtype=np.int64)[order] if rows else rank,
+        wall_s=np.array([r.wall_s for r in rows], dtype=np.float64)[order],
+        gpu_s=np.array([r.gpu_s for r in rows], dtype=np.float64)[order],
+        phase_names=phase_names.names, phases=phases[order])
