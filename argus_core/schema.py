@@ -7,6 +7,7 @@ batches come back as numpy columns so no per-kernel Python object outlives the d
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -113,40 +114,27 @@ def _seconds(value: Any, field: str) -> float:
     return value
 
 
-def _column(rec: dict, field: str, dtype: type) -> np.ndarray:
+def _column(rec: dict, field: str) -> np.ndarray:
+    """One integer column, checked value by value so the error names the first bad element.
+
+    Integral floats (1500.0, as some serialisers write) are accepted; booleans, strings,
+    fractions, NaN, infinities, negatives and values beyond int64 are not.
+    """
     values = rec.get(field)
     if values is None:
         raise SchemaError(field, "missing")
     if not isinstance(values, list):
         raise SchemaError(field, f"expected an array, got {type(values).__name__}")
-    try:
-        array = np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError):
-        bad = next((i for i, v in enumerate(values) if isinstance(v, bool) or
-                    not isinstance(v, int | float)), 0)
-        raise SchemaError(f"{field}[{bad}]", f"expected a number, got {values[bad]!r:.40}") from None
-    if array.ndim != 1:
-        raise SchemaError(field, "expected a flat array of numbers")
-    finite = np.isfinite(array)
-    if not finite.all():
-        bad = int(np.argmin(finite))
-        raise SchemaError(f"{field}[{bad}]", f"must be finite, got {values[bad]}")
-    negative = array < 0
-    if negative.any():
-        bad = int(np.argmax(negative))
-        raise SchemaError(f"{field}[{bad}]", f"must be >= 0, got {values[bad]}")
-    if dtype is np.int64:
-        fractional = array != np.floor(array)
-        if fractional.any():
-            bad = int(np.argmax(fractional))
-            raise SchemaError(f"{field}[{bad}]", f"expected an integer, got {values[bad]}")
-        if (array > 2**62).any():
-            bad = int(np.argmax(array > 2**62))
-            raise SchemaError(f"{field}[{bad}]", f"out of range: {values[bad]}")
-        # JSON integers above 2**53 lose precision through float64: re-read them exactly.
-        if (array > 2**53).any():
-            return np.array(values, dtype=np.int64)
-    return array.astype(dtype)
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise SchemaError(f"{field}[{i}]", f"expected an integer, got {v!r:.40}")
+        if isinstance(v, float) and not (math.isfinite(v) and v.is_integer()):
+            raise SchemaError(f"{field}[{i}]", f"expected a finite integer, got {v!r}")
+        if v < 0:
+            raise SchemaError(f"{field}[{i}]", f"must be >= 0, got {v!r}")
+        if v >= 2**63:
+            raise SchemaError(f"{field}[{i}]", f"out of range: {v!r}")
+    return np.array([int(v) for v in values], dtype=np.int64)
 
 
 def _coords(rec: dict) -> tuple[int, int, int, int]:
@@ -157,8 +145,15 @@ def _coords(rec: dict) -> tuple[int, int, int, int]:
         raise SchemaError("coords", f"expected an object of axis -> index, got {coords!r:.40}")
     unknown = set(coords) - set(AXES)
     if unknown:
-        raise SchemaError("coords", f"unknown axis {sorted(unknown)[0]!r} (axes: {', '.join(AXES)})")
-    return tuple(_int(coords, axis, required=False) or 0 for axis in AXES)  # type: ignore[return-value]
+        raise SchemaError("coords",
+                          f"unknown axis {sorted(unknown)[0]!r} (axes: {', '.join(AXES)})")
+    out = []
+    for axis in AXES:
+        try:
+            out.append(_int(coords, axis, required=False) or 0)
+        except SchemaError as exc:
+            raise SchemaError(f"coords.{axis}", exc.message) from None
+    return tuple(out)  # type: ignore[return-value]
 
 
 def parse_record(rec: Any) -> Record:
@@ -169,7 +164,7 @@ def parse_record(rec: Any) -> Record:
     if not isinstance(rec, dict):
         raise SchemaError("record", f"expected a JSON object, got {type(rec).__name__}")
     version = rec.get("v")
-    if version != SCHEMA_VERSION:
+    if isinstance(version, bool) or version != SCHEMA_VERSION:
         raise SchemaError("v", f"unsupported schema version {version!r} (this reader knows 1)")
     kind = rec.get("kind")
     if kind not in KINDS:
@@ -206,19 +201,43 @@ def _parse_step(rec: dict, job: str, rank: int) -> StepRecord:
         math.nan if gpu is None else _seconds(gpu, "gpu_s"), clean)
 
 
+def _int_columns(rec: dict) -> np.ndarray | None:
+    """All four kernel columns as one (4 x n) int64 array when they are equal-length lists of
+    plain non-negative ints: the normal case, converted in one call. Anything else returns None
+    and goes to the value-by-value path that names the problem."""
+    columns = [rec.get(f) for f in KERNEL_COLUMNS]
+    if not all(isinstance(c, list) for c in columns):
+        return None
+    if not set(map(type, itertools.chain(*columns))) <= {int}:  # no bool, float or str
+        return None
+    try:
+        array = np.array(columns, dtype=np.int64)
+    except (ValueError, OverflowError):  # ragged, or beyond int64
+        return None
+    if array.ndim != 2 or (array.size and array.min() < 0):
+        return None
+    return array
+
+
 def _parse_kernels(rec: dict, job: str, rank: int) -> KernelBatch:
     names = rec.get("names")
     if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
         raise SchemaError("names", "expected an array of non-empty kernel name strings")
-    name = _column(rec, "name", np.int64)
-    columns = {f: _column(rec, f, np.int64) for f in KERNEL_COLUMNS[1:]}
+    fast = _int_columns(rec)
+    if fast is not None:
+        name, stream, start, dur = fast
+        if len(name) and name.max() < len(names):
+            return KernelBatch(job, rank, names, name.astype(np.int32), stream, start, dur)
+    name = _column(rec, "name")
+    columns = {f: _column(rec, f) for f in KERNEL_COLUMNS[1:]}
     lengths = {f: len(c) for f, c in (("name", name), *columns.items())}
     if len(set(lengths.values())) != 1:
         detail = ", ".join(f"{f}={n}" for f, n in lengths.items())
         raise SchemaError("kernels", f"columns have different lengths ({detail})")
     if len(name) and name.max() >= len(names):
         bad = int(np.argmax(name >= len(names)))
-        raise SchemaError(f"name[{bad}]", f"index {int(name[bad])} outside names (len {len(names)})")
+        raise SchemaError(f"name[{bad}]",
+                          f"index {int(name[bad])} outside names (len {len(names)})")
     return KernelBatch(job, rank, names, name.astype(np.int32), columns["stream"],
                        columns["start_ns"], columns["dur_ns"])
 

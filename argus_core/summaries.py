@@ -73,7 +73,7 @@ def exposition(summary: KernelSummary, job: str) -> bytes:
     from prometheus_client.core import GaugeMetricFamily
 
     class _Collector:
-        def collect(self):  # noqa: D401 - prometheus_client protocol
+        def collect(self):
             labels = ["job", "rank", "kernel", "stream", "cluster"]
             quantiles = GaugeMetricFamily(
                 "argus_kernel_duration_seconds",

@@ -46,7 +46,7 @@ class SymbolTable:
 
 @dataclass
 class StepTable:
-    """Steps of all ranks: one row per (rank, step); ``phases`` is rows x phase_names, NaN = absent."""
+    """Steps of all ranks, one row per (rank, step); ``phases`` is rows x phases, NaN = absent."""
 
     rank: np.ndarray
     step: np.ndarray
@@ -95,6 +95,7 @@ class Trace:
         """Sorted ids of every rank seen in any record."""
         seen = set(self.ranks) | set(np.unique(self.steps.rank).tolist())
         seen |= set(np.unique(self.kernels.rank).tolist())
+        seen |= {s.rank for s in self.stacks}
         return np.array(sorted(seen), dtype=np.int64)
 
     def coords(self, ranks: np.ndarray) -> np.ndarray:

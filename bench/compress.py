@@ -19,20 +19,16 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import json
-import os
-import sys
 import time
-
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core, as the target says
 
 import numpy as np
 from scipy.stats import gaussian_kde, wasserstein_distance
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from argus_core.stats.mixture import lognormal_params, mixture_quantile  # noqa: E402
-from argus_core.summaries import exposition, summarize_kernels  # noqa: E402
-from argus_core.trace import KernelTable  # noqa: E402
+from argus_core.stats.mixture import lognormal_params, mixture_quantile
+from argus_core.summaries import exposition, summarize_kernels
+from argus_core.trace import KernelTable
 
 RAW_BYTES_PER_KERNEL = 200
 
@@ -81,7 +77,7 @@ def baseline_events_per_s(table: KernelTable, group: np.ndarray, sample_groups: 
         dens = gaussian_kde(x, bw_method="scott")(grid)
         valleys = np.flatnonzero((dens[1:-1] < dens[:-2]) & (dens[1:-1] <= dens[2:])) + 1
         edges = np.r_[x.min() - 1, grid[valleys], x.max() + 1]
-        for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        for lo, hi in itertools.pairwise(edges):
             part = x[(x > lo) & (x <= hi)]
             if len(part):
                 np.percentile(part, [50, 99])

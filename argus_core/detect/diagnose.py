@@ -82,9 +82,9 @@ def diagnose(trace: Trace, config: DiagnoseConfig | None = None) -> Diagnosis:
     l2 = detect_l2(matrix, coords, steady, config.l2) if steady.any() else L2Result()
     scores, l3, excused = kernel_findings(trace, matrix, l1, l2.wait_s, config.window_s,
                                           config.peer_axis, config.compression, config.l3)
-    verdicts = build_verdicts(l1, l2, l3, trace.stacks)
+    verdicts = build_verdicts(l1, l2, l3, trace.stacks, matrix.t_ns)
     return Diagnosis(trace.job, matrix, l1, l2, l3, excused, verdicts, scores, warnings,
-                     int(len(trace.kernels)))
+                     len(trace.kernels))
 
 
 def step_range(matrix: StepMatrix) -> str:

@@ -2,8 +2,8 @@
 
 For every (peer set, kernel, stream, window) "unit", each rank's duration distribution is
 rebuilt from its cluster summaries (a log-normal mixture), evaluated on a log-spaced grid shared
-by the unit. The reference is the pointwise 0.75 order statistic of the ranks' CDFs: a valid CDF that
-sits among the faster healthy ranks as long as at most half of the unit is degraded, so a
+by the unit. The reference is the pointwise 0.75 order statistic of the ranks' CDFs: a valid
+CDF that sits among the faster healthy ranks as long as at most half of the unit is degraded, so a
 degraded half (the paper's case 2) cannot drag the reference with it. A rank's score is the
 W1 mass by which it is slower than the reference, over the reference's mean: 0.5 means this
 kernel costs that rank 50% more time than its healthy peers. Flags need a score above both an

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+import numpy as np
+
 from argus_core.detect.l1 import L1Result
 from argus_core.detect.l2 import L2Result
 from argus_core.detect.l3_findings import KernelFinding
@@ -34,7 +36,8 @@ def _ranks_text(ranks) -> str:
 
 
 def build_verdicts(l1: L1Result, l2: L2Result, l3: list[KernelFinding],
-                   stacks: list[StackRecord] | None = None) -> list[Verdict]:
+                   stacks: list[StackRecord] | None = None,
+                   step_starts: np.ndarray | None = None) -> list[Verdict]:
     """Combine L1 spike culprits, L2 findings and L3 findings into one verdict per rank."""
     l2_by_rank = defaultdict(list)
     for finding in l2.findings:
@@ -65,7 +68,7 @@ def build_verdicts(l1: L1Result, l2: L2Result, l3: list[KernelFinding],
                 rank, links, collectives, l3)))
         elif spikes[rank]:
             verdicts.append(Verdict(rank, spikes[rank][0].cause, _spike_evidence(
-                rank, spikes[rank], l2, stacks or [])))
+                rank, spikes[rank], l1, stacks or [], step_starts)))
     return verdicts
 
 
@@ -98,7 +101,8 @@ def _link_evidence(rank: int, links, collectives, all_l3: list[KernelFinding]) -
     return text + ": compute is normal, so suspect the link, NIC or switch these ranks share"
 
 
-def _spike_evidence(rank: int, culprits, l2: L2Result, stacks: list[StackRecord]) -> str:
+def _spike_evidence(rank: int, culprits, l1: L1Result, stacks: list[StackRecord],
+                    step_starts: np.ndarray | None) -> str:
     steps = ", ".join(str(c.step) for c in culprits)
     extra = max(c.excess_s for c in culprits)
     if culprits[0].cause == "host":
@@ -106,7 +110,20 @@ def _spike_evidence(rank: int, culprits, l2: L2Result, stacks: list[StackRecord]
                 f"time stayed flat; the other ranks' collectives waited for it")
     else:
         text = f"steps {steps}: compute time up to +{extra:.2f} s on this rank only"
-    frames = [s.frames[-1] for s in stacks if s.rank == rank and len(s.frames) > 3]
-    if frames:
-        text += f"; host stack during the stall ends in {frames[-1]}"
+    frame = _stack_during(rank, [c.step for c in culprits], l1, stacks, step_starts)
+    if frame:
+        text += f"; its host stack during the spike ends in {frame}"
     return text
+
+
+def _stack_during(rank: int, steps: list[int], l1: L1Result, stacks: list[StackRecord],
+                  step_starts: np.ndarray | None) -> str | None:
+    """Innermost frame of the rank's last stack sample taken during one of ``steps``."""
+    if step_starts is None or not stacks:
+        return None
+    ends = np.r_[step_starts[1:], np.iinfo(np.int64).max]
+    cols = np.searchsorted(l1.steps, steps)
+    windows = [(step_starts[c], ends[c]) for c in cols.tolist()]
+    inside = [s for s in stacks if s.rank == rank and s.frames and
+              any(lo <= s.t_ns < hi for lo, hi in windows)]
+    return inside[-1].frames[-1] if inside else None

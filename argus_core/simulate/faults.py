@@ -30,7 +30,7 @@ class Fault:
         return step >= self.start and (self.end is None or step < self.end)
 
     def __str__(self) -> str:
-        ranks = ",".join(map(str, self.ranks))
+        ranks = _ranges(self.ranks)
         if self.kind == "compute":
             spec = ",".join(f"{p}*{f:g}" for p, f in self.phases.items())
             return f"compute:ranks={ranks}:phases={spec}:from={self.start}"
@@ -39,13 +39,29 @@ class Fault:
                           for _ in [0] if self.ops)
             return (f"link:ranks={ranks}:axis={self.axis}:factor={self.factor:g}{ops}"
                     f":from={self.start}")
-        return f"stall:ranks={ranks}:steps={','.join(map(str, self.steps))}:seconds={self.seconds:g}"
+        return f"stall:ranks={ranks}:steps={_ranges(self.steps)}:seconds={self.seconds:g}"
+
+
+def _ranges(values: tuple[int, ...]) -> str:
+    """(4, 5, 6, 7, 9) -> '4-7,9'."""
+    parts: list[str] = []
+    run: list[int] = []
+    for v in [*values, None]:
+        if run and (v is None or v != run[-1] + 1):
+            parts.append(f"{run[0]}-{run[-1]}" if len(run) > 2 else ",".join(map(str, run)))
+            run = []
+        if v is not None:
+            run.append(v)
+    return ",".join(parts)
 
 
 def _ranks(text: str) -> tuple[int, ...]:
+    """'4-7,9' -> (4, 5, 6, 7, 9); refuses anything else with the offending part."""
     out: list[int] = []
     for part in text.split(","):
         lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"bad rank or step list part {part!r} (expected N or N-M, N >= 0)")
         out.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
     return tuple(out)
 

@@ -73,6 +73,16 @@ class SimConfig:
                 raise ValueError(f"fault {fault}: rank {bad[0]} outside world size {world}")
             if fault.kind == "link" and fault.axis not in AXES:
                 raise ValueError(f"fault {fault}: axis must be one of {', '.join(AXES)}")
+            phases = [p for p in STEP_ORDER if p not in COMM_STREAM]
+            unknown = [p for p in fault.phases if p not in phases]
+            if unknown:
+                raise ValueError(f"fault {fault}: unknown phase {unknown[0]!r} "
+                                 f"(phases: {', '.join(phases)})")
+            factors = [*fault.phases.values(), *fault.ops.values(), fault.factor]
+            if fault.kind != "stall" and min(factors) <= 0:
+                raise ValueError(f"fault {fault}: slowdown factors must be > 0")
+            if fault.kind == "stall" and fault.seconds < 0:
+                raise ValueError(f"fault {fault}: stall seconds must be >= 0")
 
 
 @dataclass
@@ -197,8 +207,10 @@ def _stack(job: str, rank: int, t_ns: int, stalled: bool) -> dict:
     frames = ["train.py:<module>:212", "train.py:main:180", "train.py:train_step:96"]
     if stalled:
         frames += ["flash_attn/cute/interface.py:_flash_attn_bwd:512",
-                   "cutlass/cute/compiler.py:compile:88", "cutlass/base_dsl/jit.py:_jit_compile:301"]
+                   "cutlass/cute/compiler.py:compile:88",
+                   "cutlass/base_dsl/jit.py:_jit_compile:301"]
     else:
-        frames += ["torch/_tensor.py:backward:626", "torch/autograd/graph.py:_engine_run_backward:823"]
+        frames += ["torch/_tensor.py:backward:626",
+                   "torch/autograd/graph.py:_engine_run_backward:823"]
     return {"v": 1, "kind": "stack", "job": job, "rank": rank, "t_ns": t_ns,
             "thread": "MainThread", "frames": frames}

@@ -120,7 +120,7 @@ def kde_density(hist: np.ndarray, bandwidth_bins: np.ndarray) -> np.ndarray:
 def _valley_boundaries(hist: np.ndarray, count: np.ndarray, bandwidth_bins: np.ndarray,
                        step: np.ndarray, config: CompressionConfig) -> tuple[np.ndarray, ...]:
     """Accepted (group, bin) cluster boundaries, sorted by group then bin."""
-    n_groups, grid = hist.shape
+    _n_groups, grid = hist.shape
     min_side = np.maximum(config.min_cluster_samples, config.min_cluster_fraction * count)
     eligible = (count >= 2 * min_side) & (bandwidth_bins > 0)
     none = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))

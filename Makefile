@@ -1,0 +1,28 @@
+# Two entry points (see README): `make demo` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/argus demo
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python bench/compress.py
+	$(BIN)/python bench/score.py
+	$(BIN)/python bench/diagnose.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

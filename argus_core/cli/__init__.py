@@ -1,0 +1,36 @@
+"""The ``argus`` command line. Subcommands import their heavy dependencies lazily, so the entry
+point also works in a training image that installed only the ``exporters`` extra."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from argus_core import __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every subcommand registered."""
+    from argus_core.cli import demo, diagnose, simulate
+
+    parser = argparse.ArgumentParser(
+        prog="argus", description="Always-on tracing and fail-slow diagnosis for GPU training.")
+    parser.add_argument("--version", action="version", version=f"argus {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in (diagnose, simulate, demo):
+        module.register(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``argus`` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except ModuleNotFoundError as exc:
+        print(f"argus {args.command}: needs the '{exc.name}' package; install "
+              f"'argus-failslow[analysis]'", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

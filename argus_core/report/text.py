@@ -1,0 +1,85 @@
+"""The human-readable ``argus diagnose`` report: L1 to L3, verdicts, and what to open next."""
+
+from __future__ import annotations
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from argus_core.detect.diagnose import Diagnosis, step_range
+
+NEXT_STEPS = {
+    "compute": ("open rank {rank}'s kernel timeline around the slow kernels (Perfetto); check "
+                "the GPU's clocks, temperature and ECC errors "
+                "(`nvidia-smi -q -d PERFORMANCE,TEMPERATURE,ECC`) and replace the node if they "
+                "are off"),
+    "communication": ("run nccl-tests across ranks {group} and check NIC, PCIe and NVLink "
+                      "counters on their hosts (`ibstat`, `nvidia-smi nvlink -e`)"),
+    "host": ("read the rank's py-spy stacks at the spike steps (kind=stack records); look for "
+             "JIT compilation, garbage collection, data loading or checkpoint I/O"),
+}
+
+
+def render(diagnosis: Diagnosis, console: Console, rejected: int = 0) -> None:
+    """Print the report for one job."""
+    d = diagnosis
+    m = d.matrix
+    console.print(f"[bold]Argus diagnosis[/bold] of job [cyan]{d.job}[/cyan]: "
+                  f"{len(m.ranks)} ranks, steps {step_range(m)}, {d.kernel_count:,} kernels"
+                  + (f", {rejected:,} records rejected" if rejected else ""))
+    for warning in d.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}")
+
+    console.rule("L1  iteration time (slowest rank per step)")
+    if len(m.steps):
+        median = float(np.nanmedian(d.l1.iteration_s)) if np.isfinite(d.l1.iteration_s).any() \
+            else float("nan")
+        console.print(f"median step {median:.3f} s over {int(d.l1.judged.sum())} judged steps")
+    if not d.l1.spikes and not d.l1.regressions:
+        console.print("[green]no spikes, no regressions[/green]")
+    for step, ratio in d.l1.regressions:
+        console.print(f"[red]regression[/red] from step {step}: {ratio:.2f}x slower")
+    for step, ratio in d.l1.spikes:
+        console.print(f"[yellow]spike[/yellow] at step {step}: {ratio:.1f}x the local median")
+
+    console.rule("L2  straggler rank and phase (vs. parallel-group peers)")
+    if d.l2.findings:
+        table = Table("rank", "phase", "axis", "ratio", "robust z", "kind", box=None)
+        for f in d.l2.findings:
+            table.add_row(str(f.rank), f.phase, f.axis, f"{f.ratio:.2f}x", f"{f.z:.1f}", f.kind)
+        console.print(table)
+    else:
+        console.print("[green]no phase stragglers[/green]")
+    waiters = sorted({r.rank for r in d.l2.roles if r.role == "waiter"})
+    if waiters and (d.l2.findings or d.l3):
+        console.print(f"[dim]{len(waiters)} rank(s) spend most of a collective waiting for a "
+                      f"late peer; they are victims, not stragglers[/dim]")
+
+    console.rule("L3  degraded kernels (directional W1 vs. healthy peers)")
+    if d.l3:
+        table = Table("rank", "kernel", "stream", "score", box=None)
+        for f in sorted(d.l3, key=lambda f: (f.rank, -f.score)):
+            table.add_row(str(f.rank), f.kernel, str(f.stream), f"+{f.score:.0%}")
+        console.print(table)
+    else:
+        console.print("[green]no kernel stragglers[/green]")
+    if d.excused:
+        console.print(f"[dim]{len(d.excused)} slow collective kernel(s) excused: their ranks "
+                      f"were waiting for a late peer[/dim]")
+
+    console.rule("Verdict")
+    if not d.verdicts:
+        console.print("[green]healthy: nothing to act on[/green]")
+        return
+    for v in d.verdicts:
+        console.print(f"[bold]rank {v.rank}[/bold]: [magenta]{v.cause}[/magenta]. {v.evidence}")
+    console.print()
+    console.print("[bold]Next[/bold]")
+    seen = set()
+    for v in d.verdicts:
+        if v.cause in seen:
+            continue
+        seen.add(v.cause)
+        group = ",".join(str(x.rank) for x in d.verdicts if x.cause == v.cause)
+        console.print(f"- {v.cause}: " + NEXT_STEPS[v.cause].format(
+            job=d.job, rank=v.rank, group=group))

@@ -1,0 +1,403 @@
+"""The ``argus`` command line: simulate, diagnose (text, --json, --plot), demo, --version."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import json
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from argus_core import __version__
+from argus_core.cli import main
+from argus_core.simulate import CASES, simulate, write_records
+
+STEPS = 20  # compute-straggler's fault starts at step 15: 20 steps keep every finding
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+ARGUS_SCRIPT = Path(sys.executable).parent / "argus"
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    """Run ``argus ARGV`` in-process; return (exit status, stdout, stderr)."""
+    capsys.readouterr()
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def diagnose_json(capsys, *argv: str) -> dict:
+    """Run ``argus diagnose ARGV --json`` and return the parsed document (exit status 0)."""
+    code, out, err = run(capsys, "diagnose", *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+@pytest.fixture(scope="module")
+def straggler_dir(tmp_path_factory) -> Path:
+    """compute-straggler (rank 5 slow in attention and mlp from step 15), 20 steps."""
+    directory = tmp_path_factory.mktemp("compute-straggler")
+    write_records(simulate(CASES["compute-straggler"].config(seed=0, steps=STEPS)), directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def straggler_doc(straggler_dir) -> dict:
+    """The diagnose --json document of straggler_dir (computed once)."""
+    capture = io.StringIO()
+    with contextlib.redirect_stdout(capture):
+        assert main(["diagnose", str(straggler_dir), "--json"]) == 0
+    return json.loads(capture.getvalue())
+
+
+# --------------------------------------------------------------------------- simulate
+
+
+def test_simulate_writes_one_file_per_rank(tmp_path, capsys):
+    """`argus simulate --case compute-straggler --out DIR` writes a valid NDJSON file per rank."""
+    out = tmp_path / "trace"
+    code, stdout, _ = run(capsys, "simulate", "--case", "compute-straggler", "--out", str(out),
+                          "--steps", str(STEPS))
+    assert code == 0
+    files = sorted(out.iterdir())
+    assert [f.name for f in files] == [f"rank-{r:05d}.ndjson" for r in range(8)]
+    assert "wrote 8 rank files" in stdout
+    assert "compute-straggler" in stdout
+    first = [json.loads(line) for line in files[5].read_text().splitlines()]
+    assert first[0] == {**first[0], "v": 1, "kind": "rank", "rank": 5,
+                        "job": "compute-straggler"}
+    assert sum(rec["kind"] == "step" for rec in first) == STEPS
+
+
+def test_simulate_gzip_output_is_diagnosable(tmp_path, capsys):
+    """`argus simulate --gzip` writes .ndjson.gz files that `argus diagnose` reads."""
+    out = tmp_path / "gz"
+    assert run(capsys, "simulate", "--case", "compute-straggler", "--out", str(out), "--steps",
+               str(STEPS), "--gzip")[0] == 0
+    files = sorted(out.iterdir())
+    assert files and all(f.name.endswith(".ndjson.gz") for f in files)
+    assert gzip.decompress(files[0].read_bytes()).startswith(b"{")
+    doc = diagnose_json(capsys, str(out))
+    assert {v["rank"]: v["cause"] for v in doc["verdict"]} == {5: "compute"}
+
+
+def test_simulate_job_name_and_topology_options(tmp_path, capsys):
+    """--job names the job and --topology sets the number of rank files."""
+    out = tmp_path / "t"
+    code, stdout, _ = run(capsys, "simulate", "--out", str(out), "--topology", "dp=2,tp=2",
+                          "--steps", "3", "--job", "myjob")
+    assert code == 0
+    assert len(list(out.iterdir())) == 4
+    assert "'myjob'" in stdout
+    assert json.loads((out / "rank-00000.ndjson").read_text().splitlines()[0])["job"] == "myjob"
+
+
+def test_simulate_fault_rank_outside_world_exits_2(tmp_path, capsys):
+    """A --fault naming rank 99 in an 8-rank job exits 2, names rank 99, and writes nothing."""
+    out = tmp_path / "t"
+    code, _, err = run(capsys, "simulate", "--out", str(out), "--fault",
+                       "compute:ranks=99:phases=mlp*2")
+    assert code == 2
+    assert "rank 99" in err
+    assert "world size 8" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("spec", [
+    "compute:ranks=5",                           # missing phases=
+    "gpu:ranks=1:phases=mlp*2",                  # unknown kind
+    "compute:ranks=5:phases=mlp*x",              # factor not a number
+    "compute:ranks=5:phases=mlp",                # factor missing
+    "compute:ranks=five:phases=mlp*2",           # rank not a number
+    "compute:ranks=5:phases=mlp*2:speed=3",      # unknown key
+    "compute:ranks=5:phasesmlp*2",               # not key=value
+    "stall:ranks=3:steps=12",                    # missing seconds=
+    "link:ranks=0-1:axis=zz:factor=2",           # unknown axis
+    "",                                          # empty
+])
+def test_simulate_malformed_fault_exits_2(tmp_path, capsys, spec):
+    """A malformed --fault spec exits 2 with an error message, not a traceback."""
+    code, _, err = run(capsys, "simulate", "--out", str(tmp_path / "t"), "--fault", spec)
+    assert code == 2
+    assert err.startswith("argus simulate: error: ")
+    assert "fault" in err
+    assert "Traceback" not in err
+
+
+def test_simulate_fault_with_unknown_phase_exits_2(tmp_path, capsys):
+    """--fault compute:...:phases=foo*2 (no phase 'foo') exits 2 naming the phase."""
+    code, _, err = run(capsys, "simulate", "--out", str(tmp_path / "t"), "--fault",
+                       "compute:ranks=5:phases=foo*2")
+    assert code == 2
+    assert "foo" in err
+
+
+def test_simulate_fault_with_negative_factor_exits_2(tmp_path, capsys):
+    """A negative slowdown factor in --fault is rejected with exit status 2."""
+    code, _, _ = run(capsys, "simulate", "--out", str(tmp_path / "t"), "--fault",
+                     "compute:ranks=1:phases=mlp*-2")
+    assert code == 2
+
+
+def test_simulate_bad_topology_exits_2(tmp_path, capsys):
+    """A malformed --topology exits 2 with an error naming the bad part."""
+    code, _, err = run(capsys, "simulate", "--out", str(tmp_path / "t"), "--topology", "dp=x")
+    assert code == 2
+    assert "dp=x" in err
+
+
+def test_simulate_zero_steps_exits_2(tmp_path, capsys):
+    """`argus simulate --steps 0` is an error (exit 2), not a 40-step run."""
+    code, _, err = run(capsys, "simulate", "--out", str(tmp_path / "t"), "--steps", "0")
+    assert code == 2
+    assert "steps" in err
+
+
+# --------------------------------------------------------------------------- diagnose --json
+
+
+def test_diagnose_json_has_exactly_the_design_top_level_keys(straggler_doc):
+    """The --json document has exactly job, l1, l2, l3 and verdict at the top level."""
+    assert set(straggler_doc) == {"job", "l1", "l2", "l3", "verdict"}
+    assert straggler_doc["job"] == "compute-straggler"
+    assert set(straggler_doc["l1"]) == {"spikes", "regressions"}
+    assert set(straggler_doc["l2"]) == {"stragglers"}
+    assert set(straggler_doc["l3"]) == {"stragglers"}
+    assert isinstance(straggler_doc["verdict"], list)
+
+
+def test_diagnose_json_entries_use_design_field_names(straggler_doc):
+    """Each list entry carries exactly the DESIGN.md fields, with JSON types that match."""
+    doc = straggler_doc
+    assert doc["l1"]["regressions"] and doc["l2"]["stragglers"]
+    assert doc["l3"]["stragglers"] and doc["verdict"]
+    for entry in doc["l1"]["regressions"]:
+        assert set(entry) == {"step", "ratio"}
+        assert isinstance(entry["step"], int) and isinstance(entry["ratio"], float)
+    for entry in doc["l2"]["stragglers"]:
+        assert set(entry) == {"rank", "phase", "axis", "ratio", "z"}
+        assert isinstance(entry["rank"], int) and isinstance(entry["phase"], str)
+        assert entry["axis"] in ("dp", "tp", "pp", "ep")
+    for entry in doc["l3"]["stragglers"]:
+        assert set(entry) == {"rank", "kernel", "stream", "score"}
+        assert isinstance(entry["stream"], int) and isinstance(entry["kernel"], str)
+    for entry in doc["verdict"]:
+        assert set(entry) == {"rank", "cause", "evidence"}
+        assert isinstance(entry["evidence"], str) and entry["evidence"]
+
+
+def test_diagnose_json_finds_rank_5_compute_straggler(straggler_doc):
+    """compute-straggler: the verdict is rank 5, cause compute, in attention and mlp from 15."""
+    doc = straggler_doc
+    assert [(v["rank"], v["cause"]) for v in doc["verdict"]] == [(5, "compute")]
+    assert {(s["rank"], s["phase"]) for s in doc["l2"]["stragglers"]} == \
+        {(5, "attention"), (5, "mlp")}
+    assert {s["rank"] for s in doc["l3"]["stragglers"]} == {5}
+    assert [r["step"] for r in doc["l1"]["regressions"]] in ([14], [15], [16])
+    assert doc["l1"]["spikes"] == []
+    assert CASES["compute-straggler"].expect.mismatches(doc) == []
+
+
+def test_diagnose_json_spike_entries_use_design_field_names(tmp_path, capsys):
+    """L1 spikes (jit-stall case) are listed as {step, ratio} at the input's step numbers."""
+    write_records(simulate(CASES["jit-stall"].config(seed=0)), tmp_path)
+    doc = diagnose_json(capsys, str(tmp_path))
+    assert [s["step"] for s in doc["l1"]["spikes"]] == [12, 27]
+    for entry in doc["l1"]["spikes"]:
+        assert set(entry) == {"step", "ratio"}
+        assert entry["ratio"] > 1
+    assert [(v["rank"], v["cause"]) for v in doc["verdict"]] == [(3, "host")]
+
+
+def test_diagnose_json_of_healthy_run_has_empty_lists(tmp_path, capsys):
+    """A healthy run gives empty lists at every level (DESIGN.md: lists are empty)."""
+    write_records(simulate(CASES["healthy"].config(seed=0, steps=STEPS)), tmp_path)
+    doc = diagnose_json(capsys, str(tmp_path))
+    assert doc["l1"] == {"spikes": [], "regressions": []}
+    assert doc["l2"] == {"stragglers": []}
+    assert doc["l3"] == {"stragglers": []}
+    assert doc["verdict"] == []
+
+
+# --------------------------------------------------------------------------- diagnose text, plots
+
+
+def test_diagnose_text_report_names_rank_5_and_compute(straggler_dir, capsys):
+    """Without --json, the human report names rank 5 and the cause compute."""
+    code, out, _ = run(capsys, "diagnose", str(straggler_dir))
+    assert code == 0
+    assert "rank 5" in out
+    assert "compute" in out
+    assert "compute-straggler" in out
+    assert not out.lstrip().startswith("{")
+
+
+def test_diagnose_plot_writes_three_valid_pngs(straggler_dir, tmp_path, capsys):
+    """--plot DIR writes iteration.png, phases.png and l3_scores.png as real PNG images."""
+    plots = tmp_path / "plots"
+    code, out, err = run(capsys, "diagnose", str(straggler_dir), "--json", "--plot", str(plots))
+    assert code == 0
+    assert json.loads(out)["job"] == "compute-straggler"  # --plot keeps stdout pure JSON
+    for name in ("iteration.png", "phases.png", "l3_scores.png"):
+        path = plots / name
+        assert path.is_file(), name
+        data = path.read_bytes()
+        assert data[:8] == PNG_SIGNATURE, name
+        assert len(data) > 5_000, name
+        assert str(path) in err
+
+
+# ---------------------------------------------------------------- diagnose input problems
+
+
+def test_diagnose_skips_bad_lines_and_reports_them(straggler_dir, tmp_path, capsys):
+    """Bad lines mixed into a trace: exit 0, the finding holds, stderr says skipped + line."""
+    directory = tmp_path / "t"
+    shutil.copytree(straggler_dir, directory)
+    target = directory / "rank-00002.ndjson"
+    good_lines = len(target.read_text().splitlines())
+    with target.open("a") as handle:
+        handle.write("{not json\n")
+        handle.write('{"v": 1, "kind": "step", "job": "compute-straggler", "rank": 2, '
+                     '"step": 99, "t_ns": 1, "wall_s": -1}\n')
+    code, out, err = run(capsys, "diagnose", str(directory), "--json")
+    assert code == 0
+    assert "skipped 2 bad record(s)" in err
+    assert f"{target}:{good_lines + 1}: json" in err
+    assert f"{target}:{good_lines + 2}: wall_s" in err
+    doc = json.loads(out)
+    assert [(v["rank"], v["cause"]) for v in doc["verdict"]] == [(5, "compute")]
+
+
+def test_diagnose_warns_about_empty_file(straggler_dir, tmp_path, capsys):
+    """An empty trace file is named in a warning; the diagnosis still runs (exit 0)."""
+    directory = tmp_path / "t"
+    shutil.copytree(straggler_dir, directory)
+    (directory / "rank-00099.ndjson").write_text("")
+    code, _, err = run(capsys, "diagnose", str(directory), "--json")
+    assert code == 0
+    assert "rank-00099.ndjson is empty" in err
+
+
+@pytest.fixture
+def two_jobs(tmp_path) -> Path:
+    write_records(simulate(CASES["compute-straggler"].config(seed=0, steps=STEPS)),
+                  tmp_path / "a")
+    write_records(simulate(CASES["healthy"].config(seed=0, steps=STEPS)), tmp_path / "b")
+    return tmp_path
+
+
+def test_diagnose_two_jobs_without_job_exits_2_naming_both(two_jobs, capsys):
+    """An input with two jobs and no --job exits 2, names both jobs and suggests --job."""
+    code, out, err = run(capsys, "diagnose", str(two_jobs))
+    assert code == 2
+    assert out == ""
+    assert "compute-straggler" in err
+    assert "healthy" in err
+    assert "--job" in err
+
+
+def test_diagnose_two_jobs_with_job_diagnoses_that_job(two_jobs, capsys):
+    """--job picks one job out of a multi-job input."""
+    doc = diagnose_json(capsys, str(two_jobs), "--job", "compute-straggler")
+    assert doc["job"] == "compute-straggler"
+    assert [(v["rank"], v["cause"]) for v in doc["verdict"]] == [(5, "compute")]
+    doc = diagnose_json(capsys, str(two_jobs), "--job", "healthy")
+    assert doc["job"] == "healthy"
+    assert doc["verdict"] == []
+
+
+def test_diagnose_unknown_job_exits_2_listing_jobs(two_jobs, capsys):
+    """--job naming a job not in the input exits 2 and lists the jobs that are there."""
+    code, _, err = run(capsys, "diagnose", str(two_jobs), "--job", "nope")
+    assert code == 2
+    assert "'nope'" in err
+    assert "compute-straggler" in err and "healthy" in err
+
+
+def test_diagnose_nonexistent_path_exits_2(tmp_path, capsys):
+    """A path that does not exist exits 2 with 'no such file' and the path."""
+    missing = tmp_path / "missing-dir"
+    code, out, err = run(capsys, "diagnose", str(missing))
+    assert code == 2
+    assert out == ""
+    assert "no such file" in err
+    assert str(missing) in err
+
+
+def test_diagnose_input_with_no_valid_record_exits_2(tmp_path, capsys):
+    """A trace with only bad lines exits 2 explaining there is nothing valid."""
+    (tmp_path / "bad.ndjson").write_text("{oops\n")
+    code, _, err = run(capsys, "diagnose", str(tmp_path))
+    assert code == 2
+    assert "no valid trace records" in err
+
+
+def test_diagnose_reads_stdin(straggler_dir, monkeypatch, capsys):
+    """`argus diagnose -` reads the trace from standard input."""
+    data = b"".join(p.read_bytes() for p in sorted(straggler_dir.iterdir()))
+    monkeypatch.setattr("sys.stdin", types.SimpleNamespace(buffer=io.BytesIO(data)))
+    doc = diagnose_json(capsys, "-")
+    assert [(v["rank"], v["cause"]) for v in doc["verdict"]] == [(5, "compute")]
+
+
+# --------------------------------------------------------------------------- demo, version, script
+
+
+def test_demo_diagnoses_all_six_cases(capsys):
+    """`argus demo` exits 0 and reports all 6 cases diagnosed as expected."""
+    code, out, _ = run(capsys, "demo")
+    assert code == 0
+    assert "6/6 cases" in out
+
+
+def test_version_prints_package_version(capsys):
+    """`argus --version` prints 'argus <version>' and exits 0."""
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"argus {__version__}"
+
+
+def test_no_subcommand_is_a_usage_error(capsys):
+    """`argus` without a subcommand exits 2 with usage text."""
+    with pytest.raises(SystemExit) as info:
+        main([])
+    assert info.value.code == 2
+    assert "usage: argus" in capsys.readouterr().err
+
+
+def test_console_script_runs_simulate_and_diagnose(tmp_path):
+    """The installed `argus` console script works end to end as a subprocess."""
+    assert ARGUS_SCRIPT.exists(), ARGUS_SCRIPT
+    version = subprocess.run([str(ARGUS_SCRIPT), "--version"], capture_output=True, text=True,
+                             timeout=60, check=False)
+    assert version.returncode == 0
+    assert version.stdout.strip() == f"argus {__version__}"
+    out = tmp_path / "t"
+    sim = subprocess.run([str(ARGUS_SCRIPT), "simulate", "--case", "compute-straggler", "--out",
+                          str(out), "--steps", str(STEPS)], capture_output=True, text=True,
+                         timeout=60, check=False)
+    assert sim.returncode == 0, sim.stderr
+    diag = subprocess.run([str(ARGUS_SCRIPT), "diagnose", str(out), "--json"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert diag.returncode == 0, diag.stderr
+    assert [(v["rank"], v["cause"]) for v in json.loads(diag.stdout)["verdict"]] == \
+        [(5, "compute")]
+    missing = subprocess.run([str(ARGUS_SCRIPT), "diagnose", str(tmp_path / "nope")],
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert missing.returncode == 2
+    assert "no such file" in missing.stderr
+
+
+def test_python_dash_m_runs_the_cli():
+    """`python -m argus_core.cli --version` runs the CLI (where the console script is absent)."""
+    proc = subprocess.run([sys.executable, "-m", "argus_core.cli", "--version"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"argus {__version__}"

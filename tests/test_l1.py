@@ -1,0 +1,108 @@
+"""L1: spikes, regressions, warm-up, and the slowest-rank series."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from argus_core.detect.l1 import L1Config, detect_l1, rolling_median
+from argus_core.detect.steps import StepMatrix
+from argus_core.stats.changepoint import change_points, noise_scale
+
+
+def matrix(wall: np.ndarray, gpu: np.ndarray | None = None) -> StepMatrix:
+    ranks, steps = wall.shape
+    gpu = wall * 0.95 if gpu is None else gpu
+    return StepMatrix(np.arange(ranks), np.arange(steps), np.arange(steps) * 10**9, wall, gpu,
+                      np.zeros((ranks, steps, 0)), [])
+
+
+def noisy(ranks=8, steps=60, seed=0, level=0.4):
+    rng = np.random.default_rng(seed)
+    return level * np.exp(rng.normal(0, 0.02, (ranks, steps)))
+
+
+def test_healthy_series_has_no_findings():
+    """Two percent noise on every rank never produces a spike or a regression."""
+    for seed in range(20):
+        result = detect_l1(matrix(noisy(seed=seed)))
+        assert result.spikes == [] and result.regressions == []
+
+
+def test_spike_found_with_its_ratio():
+    """One rank 10x slow on one step: a job-level spike at that step, about 10x."""
+    wall = noisy()
+    wall[3, 30] *= 10
+    result = detect_l1(matrix(wall))
+    assert [s for s, _ in result.spikes] == [30]
+    assert result.spikes[0][1] == pytest.approx(10, rel=0.1)
+    assert result.regressions == []
+
+
+def test_regression_onset_and_ratio():
+    """A sustained 30% slowdown from step 25 is one regression at 25, ratio ~1.3, no spikes."""
+    wall = noisy()
+    wall[:, 25:] *= 1.3
+    result = detect_l1(matrix(wall))
+    assert result.spikes == []
+    assert len(result.regressions) == 1
+    step, ratio = result.regressions[0]
+    assert abs(step - 25) <= 1 and ratio == pytest.approx(1.3, rel=0.05)
+
+
+def test_recovery_is_not_a_regression():
+    """A speed-up (e.g. after warm-up or a fix) is not reported as a regression."""
+    wall = noisy()
+    wall[:, :20] *= 1.5
+    assert detect_l1(matrix(wall)).regressions == []
+
+
+def test_small_shift_below_threshold_ignored():
+    """A 5% shift is below the 10% regression threshold."""
+    wall = noisy()
+    wall[:, 30:] *= 1.05
+    assert detect_l1(matrix(wall)).regressions == []
+
+
+def test_warmup_steps_are_not_judged():
+    """A slow first step (compilation) is not a spike."""
+    wall = noisy()
+    wall[:, 0] *= 20
+    assert detect_l1(matrix(wall)).spikes == []
+    assert detect_l1(matrix(wall), L1Config(warmup_steps=0)).spikes[0][0] == 0
+
+
+def test_spike_attributed_to_the_host_stalled_rank():
+    """Wall time up but GPU time flat on rank 2 only: rank 2 is the host culprit."""
+    wall = noisy()
+    gpu = wall * 0.95
+    wall[:, 40] += 3.0
+    gpu[:, 40] += 3.0  # the others wait inside a collective: GPU time grows
+    gpu[2, 40] -= 3.0  # the stalled rank launched late: its GPU time did not grow
+    result = detect_l1(matrix(wall, gpu))
+    assert [(c.rank, c.step, c.cause) for c in result.culprits] == [(2, 40, "host")]
+
+
+def test_missing_records_do_not_break_the_series():
+    """Ranks missing some steps (NaN) still give a series; an unrecorded step is skipped."""
+    wall = noisy()
+    wall[1, 10:20] = np.nan
+    wall[:, 33] = np.nan
+    result = detect_l1(matrix(wall))
+    assert not result.judged[33] and result.spikes == [] and result.regressions == []
+
+
+def test_rolling_median_centred():
+    """The centred median follows a step change without lag."""
+    y = np.r_[np.ones(10), np.full(10, 2.0)]
+    med = rolling_median(y, 5)
+    assert med[9] == 1 and med[10] == 2
+
+
+def test_change_points_and_noise_scale():
+    """Binary segmentation finds both shifts of a two-step series; noise ignores the shifts."""
+    rng = np.random.default_rng(0)
+    y = np.r_[np.zeros(30), np.full(30, 1.0), np.full(30, 0.3)] + rng.normal(0, 0.05, 90)
+    sigma = noise_scale(y)
+    assert sigma == pytest.approx(0.05, rel=0.3)
+    assert change_points(y, 6.0, 3, 0.1, sigma) == [30, 60]

@@ -1,0 +1,87 @@
+"""L2: parallel-group comparison, robust z in small groups, waiters versus stragglers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from argus_core.detect.l2 import detect_l2
+from argus_core.detect.steps import StepMatrix
+from argus_core.stats.robust import family_z, lower_half_fence, median_of_others
+from argus_core.topology import Topology
+
+
+def phase_matrix(values: dict[str, np.ndarray], steps=20, seed=0) -> StepMatrix:
+    """Per-rank phase times (ranks,) repeated over steps with 2% noise."""
+    rng = np.random.default_rng(seed)
+    names = list(values)
+    ranks = len(next(iter(values.values())))
+    phases = np.stack([np.asarray(values[n])[:, None] * np.exp(
+        rng.normal(0, 0.02, (ranks, steps))) for n in names], axis=2)
+    total = phases.sum(axis=2)
+    return StepMatrix(np.arange(ranks), np.arange(steps), np.arange(steps) * 10**9, total,
+                      total, phases, names)
+
+
+def test_sample_z_ceiling_is_avoided():
+    """Group of 8 with one 1.5x rank: flagged although a sample z-score cannot exceed 2.47."""
+    mlp = np.full(8, 0.1)
+    mlp[5] = 0.15
+    m = phase_matrix({"mlp": mlp})
+    sample_z = (mlp[5] - mlp.mean()) / mlp.std(ddof=1)
+    assert sample_z < (8 - 1) / np.sqrt(8) + 1e-9
+    result = detect_l2(m, Topology(dp=8).coords(), np.ones(20, dtype=bool))
+    assert [(f.rank, f.phase, f.axis, f.kind) for f in result.findings] == [
+        (5, "mlp", "dp", "compute")]
+    assert result.findings[0].z > 4
+
+
+def test_groups_of_four_work():
+    """The smallest useful group (4 pipeline stages) still isolates the slow stage."""
+    backward = np.array([0.2, 0.2, 0.2, 0.38])
+    result = detect_l2(phase_matrix({"backward": backward}), Topology(pp=4).coords(),
+                       np.ones(20, dtype=bool))
+    assert [(f.rank, f.axis) for f in result.findings] == [(3, "pp")]
+    assert result.findings[0].ratio == pytest.approx(1.9, rel=0.05)
+
+
+def test_ranks_only_compared_within_their_group():
+    """Two TP groups of 4 with different speeds are not outliers of each other."""
+    attention = np.array([0.1] * 4 + [0.2] * 4)  # tp groups {0-3} and {4-7}
+    result = detect_l2(phase_matrix({"attention": attention}), Topology(tp=4, dp=2).coords(),
+                       np.ones(20, dtype=bool))
+    assert result.findings == []
+
+
+def test_long_collective_means_waiting_not_a_slow_link():
+    """Rank 2's slow mlp makes its peers wait in dp-allreduce: they are waiters, it is late."""
+    mlp = np.full(4, 0.1)
+    mlp[2] = 0.3
+    comm = 0.01 + (mlp.max() - mlp)  # the wait lands in the collective
+    result = detect_l2(phase_matrix({"mlp": mlp, "dp-allreduce": comm}),
+                       Topology(dp=4).coords(), np.ones(20, dtype=bool))
+    assert [(f.rank, f.phase) for f in result.findings] == [(2, "mlp")]
+    roles = {(r.rank, r.role) for r in result.roles}
+    assert roles == {(0, "waiter"), (1, "waiter"), (3, "waiter"), (2, "late")}
+    assert result.wait_s[0] == pytest.approx(0.2, rel=0.1) and result.wait_s[2] < 0.01
+
+
+def test_slow_link_shows_as_a_whole_group():
+    """One DP group's all-reduce slow for every member (even the last to arrive): communication."""
+    topo = Topology(dp=4, tp=4)
+    coords = topo.coords()
+    comm = np.where(coords[:, 1] == 2, 0.05, 0.01)  # DP group with tp index 2
+    result = detect_l2(phase_matrix({"mlp": np.full(16, 0.1), "dp-allreduce": comm}), coords,
+                       np.ones(20, dtype=bool))
+    flagged = sorted(f.rank for f in result.findings)
+    assert flagged == sorted(np.flatnonzero(coords[:, 1] == 2).tolist())
+    assert {f.kind for f in result.findings} == {"communication"}
+
+
+def test_median_of_others_and_fences():
+    """Helpers: leave-one-out medians; lower-half fence ignores a degraded upper half."""
+    v = np.array([[1.0, 2.0, 3.0, 10.0]])
+    np.testing.assert_allclose(median_of_others(v), [[3, 3, 2, 2]])
+    scores = np.array([[0.01, 0.012, 0.011, 0.013, 2.0, 2.1, 2.2, 2.05]])
+    assert lower_half_fence(scores, 4.0)[0] < 0.1
+    assert family_z(10_000) > family_z(10) > 3

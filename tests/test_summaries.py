@@ -1,0 +1,54 @@
+"""Kernel summaries over windows and their Prometheus exposition."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from argus_core.summaries import exposition, summarize_kernels
+from argus_core.trace import KernelTable
+
+
+def table(n=6000, seed=0):
+    rng = np.random.default_rng(seed)
+    rank = rng.integers(0, 3, n)
+    name = rng.integers(0, 2, n).astype(np.int32)
+    start = rng.integers(0, 120_000_000_000, n)  # two 60 s windows
+    dur = np.where(rng.random(n) < 0.5, 1e4, 1e5) * np.exp(rng.normal(0, 0.05, n))
+    return KernelTable(rank, name, np.full(n, 7), start, dur.astype(np.int64),
+                       ["gemm", "ncclDevKernel_AllGather"])
+
+
+def test_windows_and_groups():
+    """Each (rank, kernel, stream, window) is compressed on its own; counts add up per window."""
+    t = table()
+    s = summarize_kernels(t, window_s=60)
+    assert set(s.window.tolist()) == {0, 1}
+    assert s.count.sum() == len(t)
+    for r in range(3):
+        for w in (0, 1):
+            events = ((t.rank == r) & (t.start_ns // 60_000_000_000 == w)).sum()
+            assert s.count[(s.rank == r) & (s.window == w)].sum() == events
+    assert set(s.cluster.tolist()) == {0, 1}  # the two modes stay apart
+
+
+def test_window_must_be_positive():
+    """A zero window is refused with the parameter's name."""
+    with pytest.raises(ValueError, match="window_s"):
+        summarize_kernels(table(), window_s=0)
+
+
+def test_exposition_is_valid_prometheus_text():
+    """The exposition parses, carries count/p50/p99 per cluster, and values are in seconds."""
+    s = summarize_kernels(table(), window_s=600)
+    text = exposition(s, job="llm").decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    quantiles = families["argus_kernel_duration_seconds"].samples
+    counts = families["argus_kernel_executions"].samples
+    assert len(counts) == len(s) and len(quantiles) == 2 * len(s)
+    first = next(q for q in quantiles if q.labels["quantile"] == "0.5"
+                 and q.labels["rank"] == str(s.rank[0]) and q.labels["cluster"] == "0"
+                 and q.labels["kernel"] == s.names[s.kernel[0]])
+    assert first.value == pytest.approx(s.p50_ns[0] * 1e-9)
+    assert {q.labels["job"] for q in quantiles} == {"llm"}
