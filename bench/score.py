@@ -3,7 +3,8 @@
     python bench/score.py [--ranks 10000] [--kernels 100] [--json]
 
 Scores synthetic compressed summaries (two clusters per rank and kernel, one rank 2x slow) for
-1,000 .. --ranks ranks in one peer group, and fits the growth exponent of time with ranks.
+1,000 .. --ranks ranks in one peer group (best of 3 runs per size), and fits the growth
+exponent of time with ranks.
 Baseline, timed in the same run: the paper's score computed pairwise (W1 between every pair of
 ranks on the same grid CDFs, O(N^2 M) per kernel) on --baseline-ranks ranks and one kernel; the
 ratio compares it with our scoring of the same ranks and kernel.
@@ -23,14 +24,16 @@ from argus_core.stats.mixture import lognormal_params, mixture_cdf
 from argus_core.stats.wasserstein import trapezoid_weights
 
 
-def timed_score(ranks: int, kernels: int) -> tuple[float, bool]:
-    """Seconds to score, and whether exactly the slow rank was flagged."""
+def timed_score(ranks: int, kernels: int, repeats: int = 3) -> tuple[float, bool]:
+    """Best-of-``repeats`` seconds to score, and whether exactly the slow rank was flagged."""
     summary = synthetic_summaries(ranks, kernels, slow={ranks // 2: 2.0}, seed=ranks)
-    t0 = time.perf_counter()
-    scores = score_kernels(summary)
-    seconds = time.perf_counter() - t0
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        scores = score_kernels(summary)
+        best = min(best, time.perf_counter() - t0)
     found = set(scores.rank[scores.flagged].tolist()) == {ranks // 2}
-    return seconds, found
+    return best, found
 
 
 def pairwise_baseline(ranks: int, grid: int = 128) -> float:

@@ -100,7 +100,9 @@ def score_kernels(summary: KernelSummary, peer_set_of_rank: np.ndarray | None = 
             cdf = _row_cdfs(rows, size, lo[chunk], (hi - lo)[chunk], lin, comp_start, weight,
                             mu, sigma).reshape(len(chunk), size, config.grid_points)
             kth = int(np.ceil(config.reference_quantile * (size - 1)))
-            ref = np.partition(cdf, kth, axis=1)[:, kth]
+            # Partition along a contiguous axis: a strided one thrashes the cache at large N.
+            by_point = np.ascontiguousarray(cdf.transpose(0, 2, 1))
+            ref = np.partition(by_point, kth, axis=2)[:, :, kth]
             t = np.exp(lo[chunk][:, None] + (hi - lo)[chunk][:, None] * lin)
             weights = trapezoid_weights(t)
             ref_mean = mean_from_cdf(ref.astype(np.float64), t, weights)
