@@ -52,17 +52,25 @@ class Diagnosis:
         """The ``argus diagnose --json`` document (DESIGN.md contract)."""
         return {
             "job": self.job,
-            "l1": {"spikes": [{"step": s, "ratio": round(r, 2)} for s, r in self.l1.spikes],
-                   "regressions": [{"step": s, "ratio": round(r, 2)}
+            "l1": {"spikes": [{"step": s, "ratio": _num(r, 2)} for s, r in self.l1.spikes],
+                   "regressions": [{"step": s, "ratio": _num(r, 2)}
                                    for s, r in self.l1.regressions]},
             "l2": {"stragglers": [{"rank": f.rank, "phase": f.phase, "axis": f.axis,
-                                   "ratio": round(f.ratio, 2), "z": round(f.z, 1)}
+                                   "ratio": _num(f.ratio, 2), "z": _num(f.z, 1)}
                                   for f in self.l2.findings]},
             "l3": {"stragglers": [{"rank": f.rank, "kernel": f.kernel, "stream": f.stream,
-                                   "score": round(f.score, 3)} for f in self.l3]},
+                                   "score": _num(f.score, 3)} for f in self.l3]},
             "verdict": [{"rank": v.rank, "cause": v.cause, "evidence": v.evidence}
                         for v in self.verdicts],
         }
+
+
+_JSON_CAP = 1e6  # stands for "unbounded" (a peer median of 0): JSON has no Infinity
+
+
+def _num(value: float, digits: int) -> float:
+    """A finite, rounded number for the JSON document."""
+    return round(min(float(value), _JSON_CAP), digits)
 
 
 def diagnose(trace: Trace, config: DiagnoseConfig | None = None) -> Diagnosis:

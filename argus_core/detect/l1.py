@@ -73,6 +73,8 @@ class L1Result:
 
 def rolling_median(y: np.ndarray, window: int) -> np.ndarray:
     """Centred rolling median ignoring NaN; the window shrinks at the edges."""
+    if len(y) == 0:
+        return np.zeros(0)
     half = window // 2
     padded = np.concatenate([np.full(half, np.nan), y, np.full(half, np.nan)])
     windows = np.lib.stride_tricks.sliding_window_view(padded, window)
@@ -82,10 +84,10 @@ def rolling_median(y: np.ndarray, window: int) -> np.ndarray:
 def detect_l1(matrix: StepMatrix, config: L1Config | None = None) -> L1Result:
     """Spikes and regressions of the job's iteration time (max wall time over ranks)."""
     config = config or L1Config()
-    with np.errstate(all="ignore"):
-        recorded = ~np.all(np.isnan(matrix.wall), axis=0)
-        iteration = np.where(recorded, np.nanmax(np.where(np.isnan(matrix.wall), -np.inf,
-                                                          matrix.wall), axis=0), np.nan)
+    recorded = ~np.all(np.isnan(matrix.wall), axis=0)
+    iteration = np.max(np.where(np.isnan(matrix.wall), -np.inf, matrix.wall), axis=0,
+                       initial=-np.inf)
+    iteration[~recorded] = np.nan
     judged = recorded & (np.arange(len(matrix.steps)) >= config.warmup_steps)
     series = np.where(judged, iteration, np.nan)
     baseline = rolling_median(series, config.window)

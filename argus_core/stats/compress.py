@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.fft
 
-from argus_core.stats.grouping import group_starts
+from argus_core.stats.grouping import first_of, group_starts
 
 QUANTILES = (0.5, 0.99)
 
@@ -245,8 +245,3 @@ def _summarise(group: np.ndarray, x: np.ndarray, dur_ns: np.ndarray, flat_bin: n
         sum_ns=sums, min_ns=np.exp(lo), max_ns=np.exp(hi),
         p50_ns=quantiles[0], p99_ns=quantiles[1])
 
-
-def first_of(sorted_ids: np.ndarray) -> np.ndarray:
-    """For each element of a sorted id array, the index where its run of equal ids starts."""
-    starts = group_starts(sorted_ids)
-    return np.repeat(starts, np.diff(np.r_[starts, len(sorted_ids)]))

@@ -57,3 +57,9 @@ def group_starts(sorted_ids: np.ndarray) -> np.ndarray:
     if len(sorted_ids) == 0:
         return np.zeros(0, dtype=np.int64)
     return np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])
+
+
+def first_of(sorted_ids: np.ndarray) -> np.ndarray:
+    """For each element of a sorted id array, the index where its run of equal ids starts."""
+    starts = group_starts(sorted_ids)
+    return np.repeat(starts, np.diff(np.r_[starts, len(sorted_ids)]))
