@@ -85,3 +85,20 @@ def test_median_of_others_and_fences():
     scores = np.array([[0.01, 0.012, 0.011, 0.013, 2.0, 2.1, 2.2, 2.05]])
     assert lower_half_fence(scores, 4.0)[0] < 0.1
     assert family_z(10_000) > family_z(10) > 3
+
+
+def test_pairs_are_decided_by_who_waits():
+    """dp=2: the rank its partner waits for in the all-reduce is the straggler; the waiter's
+    own long phase (its wait inside backward) is not."""
+    forward = np.array([0.1, 0.3])
+    backward = np.array([0.3, 0.1])  # rank 0's backward includes waiting for rank 1
+    comm = np.array([0.21, 0.01])
+    m = phase_matrix({"forward": forward, "backward": backward, "dp-allreduce": comm})
+    result = detect_l2(m, Topology(dp=2).coords(), np.ones(20, dtype=bool))
+    assert [(f.rank, f.phase, f.axis) for f in result.findings] == [(1, "forward", "dp")]
+
+
+def test_pairs_without_collective_timing_are_left_alone():
+    """dp=2 with no communication phase: nothing says which member is odd, so no finding."""
+    m = phase_matrix({"forward": np.array([0.1, 0.3])})
+    assert detect_l2(m, Topology(dp=2).coords(), np.ones(20, dtype=bool)).findings == []

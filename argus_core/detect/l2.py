@@ -38,6 +38,7 @@ class L2Config:
     min_group: int = 3  # an outlier needs at least two others to stand out from
     scale_floor: float = 0.02  # MAD scale never below 2% of the median (identical peers)
     waiter_share: float = 0.5  # a waiter spends at least half its collective waiting
+    pair_ratio: float = 1.5  # groups of two: this much slower than the partner, who waits
 
 
 @dataclass(frozen=True)
@@ -101,15 +102,20 @@ def detect_l2(matrix: StepMatrix, coords: np.ndarray, steady: np.ndarray,
         if len(np.unique(coords[:, a])) < 2:
             continue
         gid = axis_groups(coords, axis)
+        comm_cols = [i for i, n in enumerate(names) if phase_axis(n) == axis]
         for members in _groups_by_size(gid):
             vals = values[members]  # groups x size x phases
+            axis_roles = []
+            for col in comm_cols:
+                axis_roles += _collective_roles(matrix.ranks, members, vals[:, :, col],
+                                                names[col], config)
+                wait[members] += _mean_wait(matrix.phases[:, steady, col][members])
+            roles += axis_roles
             if members.shape[1] >= config.min_group:
                 _compare_compute(matrix, members, vals, compute, axis, config, best, ratios)
-            comm_cols = [i for i, n in enumerate(names) if phase_axis(n) == axis]
-            for col in comm_cols:
-                roles += _collective_roles(matrix.ranks, members, vals[:, :, col], names[col],
-                                           config)
-                wait[members] += _mean_wait(matrix.phases[:, steady, col][members])
+            elif members.shape[1] == 2:
+                late = {r.rank for r in axis_roles if r.role == "late"}
+                _compare_pairs(matrix, members, vals, compute, axis, config, best, late)
         for col in (i for i, n in enumerate(names) if phase_axis(n) == axis):
             _compare_links(matrix.ranks, gid, values[:, col], names[col], axis, config, best)
     findings = sorted(best.values(), key=lambda f: (f.rank, -f.z))
@@ -134,6 +140,31 @@ def _compare_compute(matrix: StepMatrix, members: np.ndarray, vals: np.ndarray,
         finding = PhaseFinding(int(matrix.ranks[members[g, i]]), matrix.phase_names[p], axis,
                                float(ratio[g, i, p]), float(min(z[g, i, p], 1e6)), "compute")
         key = (finding.rank, finding.phase)
+        if key not in best or best[key].z < finding.z:
+            best[key] = finding
+
+
+def _compare_pairs(matrix: StepMatrix, members: np.ndarray, vals: np.ndarray,
+                   compute: np.ndarray, axis: str, config: L2Config,
+                   best: dict[tuple[int, str], PhaseFinding], late: set[int]) -> None:
+    """Groups of two: no spread to estimate, so the collective decides which one is slow.
+
+    A rank is flagged when a compute phase is at least ``pair_ratio`` times its partner's
+    and the partner waits for it in a collective of this axis. Without that confirmation a
+    pair is left alone: either member could be the odd one. ``z`` is reported in units of the
+    scale floor (2% of the partner's time), as for identical peers in larger groups.
+    """
+    with np.errstate(all="ignore"):
+        ratio = vals / vals[:, ::-1, :]
+    hit = (ratio >= config.pair_ratio) & compute[None, None, :]
+    for g, i, p in zip(*np.nonzero(hit), strict=True):
+        rank = int(matrix.ranks[members[g, i]])
+        if rank not in late:
+            continue
+        z = (ratio[g, i, p] - 1) / config.scale_floor
+        finding = PhaseFinding(rank, matrix.phase_names[p], axis, float(ratio[g, i, p]),
+                               float(min(z, 1e6)), "compute")
+        key = (rank, finding.phase)
         if key not in best or best[key].z < finding.z:
             best[key] = finding
 

@@ -1,0 +1,123 @@
+"""Settings of the in-process exporters, read once from ``ARGUS_*`` environment variables.
+
+Everything is off unless ``ARGUS_ENABLED=1`` (or ``argus run`` sets it). Each probe can be
+switched on its own. Defaults live in ``_DEFAULT_*`` constants and are checked here, so a bad
+value fails at start-up with the variable's name, never later inside training.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+_DEFAULT_SINK = "file:///tmp/argus-spool"
+_DEFAULT_QUEUE_RECORDS = 4096
+_DEFAULT_BATCH_RECORDS = 256
+_DEFAULT_FLUSH_S = 2.0
+_DEFAULT_FILE_MAX_BYTES = 64 << 20  # per spool file, then rotate
+_DEFAULT_SPOOL_MAX_BYTES = 1 << 30  # per rank, oldest files deleted beyond it
+_DEFAULT_HTTP_TIMEOUT_S = 2.0
+_DEFAULT_WINDOW_STEPS = 32  # rolling-window gauges cover the last N steps
+_DEFAULT_PENDING_STEPS = 256  # closed steps awaiting resolution (CUDA events in flight)
+_DEFAULT_KERNEL_DUTY = 1  # trace 1 step in N
+_DEFAULT_KERNEL_BUFFER_BYTES = 8 << 20
+_DEFAULT_KERNEL_BUFFERS = 8
+_DEFAULT_KERNEL_FLUSH_S = 1.0
+_DEFAULT_STACK_PERIOD_S = 30.0
+_DEFAULT_STACK_SPIKE_RATIO = 2.0
+
+
+class ConfigError(ValueError):
+    """An ``ARGUS_*`` variable holds a value that cannot be used."""
+
+
+def _flag(env: dict, name: str, default: bool) -> bool:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"{name}={raw!r}: expected 1/0, true/false, yes/no or on/off")
+
+
+def _number(env: dict, name: str, default: float, kind: type = float, minimum: float = 0) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: expected a {kind.__name__}") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={raw!r}: must be >= {minimum}")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the exporters do in this process."""
+
+    enabled: bool = False
+    sink: str = _DEFAULT_SINK
+    phases: bool = True
+    kernels: bool = False  # CUPTI: off unless asked for
+    stacks: bool = False  # py-spy: off unless asked for
+    metrics_port: int | None = None  # base port; the rank listens on base + local_rank
+    metrics_addr: str = "0.0.0.0"
+    queue_records: int = _DEFAULT_QUEUE_RECORDS
+    batch_records: int = _DEFAULT_BATCH_RECORDS
+    flush_s: float = _DEFAULT_FLUSH_S
+    file_max_bytes: int = _DEFAULT_FILE_MAX_BYTES
+    spool_max_bytes: int = _DEFAULT_SPOOL_MAX_BYTES
+    http_timeout_s: float = _DEFAULT_HTTP_TIMEOUT_S
+    window_steps: int = _DEFAULT_WINDOW_STEPS
+    pending_steps: int = _DEFAULT_PENDING_STEPS
+    kernel_duty: int = _DEFAULT_KERNEL_DUTY
+    kernel_buffer_bytes: int = _DEFAULT_KERNEL_BUFFER_BYTES
+    kernel_buffers: int = _DEFAULT_KERNEL_BUFFERS
+    kernel_flush_s: float = _DEFAULT_KERNEL_FLUSH_S
+    stack_period_s: float = _DEFAULT_STACK_PERIOD_S
+    stack_spike_ratio: float = _DEFAULT_STACK_SPIKE_RATIO
+    otel: bool = True  # phases as spans when the application has a tracer provider
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, env: dict | None = None) -> Settings:
+        """Read ``ARGUS_*`` variables (``os.environ`` by default); raises ConfigError."""
+        env = dict(os.environ if env is None else env)
+        port = env.get("ARGUS_METRICS_PORT")
+        return cls(
+            enabled=_flag(env, "ARGUS_ENABLED", False),
+            sink=env.get("ARGUS_SINK") or _DEFAULT_SINK,
+            phases=_flag(env, "ARGUS_PHASES", True),
+            kernels=_flag(env, "ARGUS_KERNELS", False),
+            stacks=_flag(env, "ARGUS_STACKS", False),
+            metrics_port=int(_number(env, "ARGUS_METRICS_PORT", 0, int, 1)) if port else None,
+            metrics_addr=env.get("ARGUS_METRICS_ADDR") or "0.0.0.0",
+            queue_records=int(_number(env, "ARGUS_QUEUE_RECORDS", _DEFAULT_QUEUE_RECORDS, int, 1)),
+            batch_records=int(_number(env, "ARGUS_BATCH_RECORDS", _DEFAULT_BATCH_RECORDS, int, 1)),
+            flush_s=_number(env, "ARGUS_FLUSH_S", _DEFAULT_FLUSH_S, float, 0.01),
+            file_max_bytes=int(_number(env, "ARGUS_FILE_MAX_BYTES", _DEFAULT_FILE_MAX_BYTES, int,
+                                       1024)),
+            spool_max_bytes=int(_number(env, "ARGUS_SPOOL_MAX_BYTES", _DEFAULT_SPOOL_MAX_BYTES,
+                                        int, 1024)),
+            http_timeout_s=_number(env, "ARGUS_HTTP_TIMEOUT_S", _DEFAULT_HTTP_TIMEOUT_S, float,
+                                   0.01),
+            window_steps=int(_number(env, "ARGUS_WINDOW_STEPS", _DEFAULT_WINDOW_STEPS, int, 1)),
+            pending_steps=int(_number(env, "ARGUS_PENDING_STEPS", _DEFAULT_PENDING_STEPS, int, 1)),
+            kernel_duty=int(_number(env, "ARGUS_KERNEL_DUTY", _DEFAULT_KERNEL_DUTY, int, 1)),
+            kernel_buffer_bytes=int(_number(env, "ARGUS_KERNEL_BUFFER_BYTES",
+                                            _DEFAULT_KERNEL_BUFFER_BYTES, int, 4096)),
+            kernel_buffers=int(_number(env, "ARGUS_KERNEL_BUFFERS", _DEFAULT_KERNEL_BUFFERS, int,
+                                       2)),
+            kernel_flush_s=_number(env, "ARGUS_KERNEL_FLUSH_S", _DEFAULT_KERNEL_FLUSH_S, float,
+                                   0.01),
+            stack_period_s=_number(env, "ARGUS_STACK_PERIOD_S", _DEFAULT_STACK_PERIOD_S, float,
+                                   0.1),
+            stack_spike_ratio=_number(env, "ARGUS_STACK_SPIKE_RATIO", _DEFAULT_STACK_SPIKE_RATIO,
+                                      float, 1.0),
+            otel=_flag(env, "ARGUS_OTEL", True),
+        )

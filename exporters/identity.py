@@ -1,0 +1,68 @@
+"""Who this process is: job, rank, host and position on the parallel axes.
+
+From torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE) plus ``ARGUS_JOB`` and
+``ARGUS_COORDS`` (``dp=1,tp=0,pp=2``). Without ``ARGUS_COORDS`` every rank is a DP replica
+(dp = rank), which is right for plain DDP.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from argus_exporters.config import ConfigError
+
+AXES = ("dp", "tp", "pp", "ep")
+
+
+@dataclass(frozen=True)
+class RankIdentity:
+    """This rank's identity, as carried by the schema's ``rank`` record and metric labels."""
+
+    job: str
+    rank: int
+    world_size: int
+    local_rank: int
+    host: str
+    coords: dict[str, int]
+
+    @classmethod
+    def from_env(cls, env: dict | None = None) -> RankIdentity:
+        """Identity from torchrun's and Argus's environment variables; raises ConfigError."""
+        env = dict(os.environ if env is None else env)
+        rank = _int(env, "RANK", 0)
+        world = _int(env, "WORLD_SIZE", 1)
+        if not 0 <= rank < world:
+            raise ConfigError(f"RANK={rank} is outside WORLD_SIZE={world}")
+        coords = _coords(env.get("ARGUS_COORDS", ""), rank)
+        job = env.get("ARGUS_JOB") or env.get("TORCHELASTIC_RUN_ID") or "default"
+        return cls(job=job, rank=rank, world_size=world, local_rank=_int(env, "LOCAL_RANK", 0),
+                   host=env.get("ARGUS_HOST") or socket.gethostname(), coords=coords)
+
+    def labels(self) -> dict[str, str]:
+        """Prometheus labels shared by every series of this rank (DESIGN.md)."""
+        return {"job": self.job, "rank": str(self.rank), "host": self.host,
+                **{axis: str(self.coords.get(axis, 0)) for axis in AXES}}
+
+
+def _int(env: dict, name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    if not raw.strip().isdigit():
+        raise ConfigError(f"{name}={raw!r}: expected a non-negative integer")
+    return int(raw)
+
+
+def _coords(text: str, rank: int) -> dict[str, int]:
+    if not text.strip():
+        return {"dp": rank, "tp": 0, "pp": 0, "ep": 0}
+    coords = {axis: 0 for axis in AXES}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        axis, _, value = part.partition("=")
+        if axis not in AXES or not value.isdigit():
+            raise ConfigError(f"ARGUS_COORDS part {part!r}: expected AXIS=N with AXIS in "
+                              f"{', '.join(AXES)}")
+        coords[axis] = int(value)
+    return coords

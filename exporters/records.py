@@ -1,0 +1,44 @@
+"""Schema-v1 records as the exporters emit them (see DESIGN.md), encoded once with orjson."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+
+from argus_exporters.identity import RankIdentity
+
+_OPTIONS = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
+
+
+def encode(record: dict) -> bytes:
+    """One NDJSON line (numpy arrays serialised natively, no per-element Python objects)."""
+    return orjson.dumps(record, option=_OPTIONS)
+
+
+def rank_record(identity: RankIdentity) -> dict:
+    """The ``rank`` record announcing this rank's identity."""
+    return {"v": 1, "kind": "rank", "job": identity.job, "rank": identity.rank,
+            "world_size": identity.world_size, "host": identity.host,
+            "local_rank": identity.local_rank, "coords": identity.coords}
+
+
+def step_record(identity: RankIdentity, step: int, t_ns: int, wall_s: float, gpu_s: float,
+                phases: dict[str, float]) -> dict:
+    """One ``step`` record: host wall time, device time and per-phase device time."""
+    return {"v": 1, "kind": "step", "job": identity.job, "rank": identity.rank, "step": step,
+            "t_ns": t_ns, "wall_s": round(wall_s, 9), "gpu_s": round(gpu_s, 9),
+            "phases": {k: round(v, 9) for k, v in phases.items()}}
+
+
+def kernels_record(identity: RankIdentity, names: list[str], name: np.ndarray,
+                   stream: np.ndarray, start_ns: np.ndarray, dur_ns: np.ndarray) -> dict:
+    """A columnar ``kernels`` batch; ``name`` indexes ``names``."""
+    return {"v": 1, "kind": "kernels", "job": identity.job, "rank": identity.rank,
+            "names": names, "name": name, "stream": stream, "start_ns": start_ns,
+            "dur_ns": dur_ns}
+
+
+def stack_record(identity: RankIdentity, t_ns: int, thread: str, frames: list[str]) -> dict:
+    """One host stack sample, outermost frame first."""
+    return {"v": 1, "kind": "stack", "job": identity.job, "rank": identity.rank, "t_ns": t_ns,
+            "thread": thread, "frames": frames}

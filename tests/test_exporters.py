@@ -1,0 +1,350 @@
+"""The exporters' core on CPU: settings, identity, tracer, sinks, shipper, metrics, OTel, fork."""
+
+from __future__ import annotations
+
+import gzip
+import http.server
+import os
+import socket
+import threading
+import time
+import urllib.request
+from typing import ClassVar
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from argus_core.reader import load_traces
+from argus_exporters import hooks
+from argus_exporters.clock import HostClock
+from argus_exporters.config import ConfigError, Settings
+from argus_exporters.health import Health
+from argus_exporters.identity import RankIdentity
+from argus_exporters.metrics import serve
+from argus_exporters.shipper import Shipper
+from argus_exporters.sinks import create_sink
+from argus_exporters.sinks.file import FileSink, safe_name
+from argus_exporters.tracer import NoOpTracer, Tracer
+
+IDENTITY = RankIdentity("job-a", 3, 8, 3, "node-0", {"dp": 3, "tp": 0, "pp": 0, "ep": 0})
+
+
+def settings(tmp_path, **overrides) -> Settings:
+    return Settings(enabled=True, sink=f"file://{tmp_path}", flush_s=0.05, **overrides)
+
+
+def run_steps(tracer, steps: int = 5, sleep: float = 0.0) -> None:
+    for _ in range(steps):
+        with tracer.phase("forward"):
+            time.sleep(sleep)
+        with tracer.phase("dp-allreduce"):
+            pass
+        tracer.step()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- settings and identity ---------------------------------------------------------------
+def test_everything_off_by_default():
+    """Without ARGUS_ENABLED nothing is enabled and the defaults are the documented ones."""
+    s = Settings.from_env({})
+    assert not s.enabled and s.phases and not s.kernels and not s.stacks
+    assert s.sink.startswith("file://") and s.metrics_port is None
+
+
+@pytest.mark.parametrize("env, name", [
+    ({"ARGUS_ENABLED": "maybe"}, "ARGUS_ENABLED"),
+    ({"ARGUS_QUEUE_RECORDS": "0"}, "ARGUS_QUEUE_RECORDS"),
+    ({"ARGUS_FLUSH_S": "soon"}, "ARGUS_FLUSH_S"),
+    ({"ARGUS_METRICS_PORT": "-1"}, "ARGUS_METRICS_PORT"),
+])
+def test_bad_settings_name_the_variable(env, name):
+    """A bad ARGUS_* value is refused with the variable's name."""
+    with pytest.raises(ConfigError, match=name):
+        Settings.from_env(env)
+
+
+def test_identity_from_torchrun_env():
+    """RANK/LOCAL_RANK/WORLD_SIZE and ARGUS_COORDS/ARGUS_JOB make the rank's identity."""
+    ident = RankIdentity.from_env({"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "16",
+                                   "ARGUS_JOB": "llm", "ARGUS_COORDS": "dp=1,tp=1",
+                                   "ARGUS_HOST": "n7"})
+    assert (ident.rank, ident.local_rank, ident.world_size, ident.job) == (5, 1, 16, "llm")
+    assert ident.coords == {"dp": 1, "tp": 1, "pp": 0, "ep": 0}
+    assert ident.labels()["host"] == "n7"
+    plain = RankIdentity.from_env({"RANK": "2", "WORLD_SIZE": "4"})
+    assert plain.coords["dp"] == 2  # plain DDP: every rank is a DP replica
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"RANK": "4", "WORLD_SIZE": "4"}, "outside WORLD_SIZE"),
+    ({"RANK": "x"}, "RANK"),
+    ({"ARGUS_COORDS": "dp=1,zz=2"}, "ARGUS_COORDS"),
+])
+def test_bad_identity(env, message):
+    """Inconsistent rank variables are refused with a message naming them."""
+    with pytest.raises(ConfigError, match=message):
+        RankIdentity.from_env(env)
+
+
+# -- tracer -------------------------------------------------------------------------------
+def test_noop_tracer_costs_nothing_and_does_nothing():
+    """Off, the API is a no-op: hooks are not even registered."""
+    tracer = NoOpTracer()
+    with tracer.phase("x"):
+        pass
+    tracer.step()
+    assert hooks.instrument(object(), object(), tracer) == []
+
+
+def test_steps_are_spooled_and_readable(tmp_path):
+    """Phases of each step add up into one step record that argus diagnose can read."""
+    tracer = Tracer(settings(tmp_path), IDENTITY, clock=HostClock())
+    run_steps(tracer, 4, sleep=0.01)
+    tracer.shutdown()
+    trace = load_traces([tmp_path]).traces["job-a"]
+    assert len(trace.steps) == 4
+    assert trace.ranks[3].coords == (3, 0, 0, 0)
+    forward = trace.steps.phases[:, trace.steps.phase_names.index("forward")]
+    assert (forward >= 0.01).all()
+    assert (trace.steps.wall_s >= trace.steps.gpu_s * 0.99).all()
+    assert (trace.steps.step == [0, 1, 2, 3]).all()
+
+
+def test_repeated_phases_add_up(tmp_path):
+    """The same phase entered several times in a step (per layer) sums into one value."""
+    tracer = Tracer(settings(tmp_path), IDENTITY, clock=HostClock())
+    for _ in range(3):
+        with tracer.phase("mlp"):
+            time.sleep(0.005)
+    tracer.step()
+    tracer.shutdown()
+    steps = load_traces([tmp_path]).traces["job-a"].steps
+    assert steps.phases[0, steps.phase_names.index("mlp")] >= 0.015
+
+
+def test_late_phase_is_counted_not_misfiled(tmp_path):
+    """A phase ending after its step closed is dropped and counted (late_phase)."""
+    tracer = Tracer(settings(tmp_path), IDENTITY, clock=HostClock())
+    token = tracer.begin_phase("dp-allreduce")
+    tracer.step()
+    tracer.end_phase(token)
+    tracer.shutdown()
+    assert tracer.health.dropped["late_phase"] == 1
+
+
+def test_forked_child_emits_nothing(tmp_path):
+    """A fork of the training process (a DataLoader worker) never traces."""
+    tracer = Tracer(settings(tmp_path), IDENTITY, clock=HostClock())
+    pid = os.fork()
+    if pid == 0:  # child
+        run_steps(tracer, 3)
+        tracer.shutdown()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    run_steps(tracer, 2)
+    tracer.shutdown()
+    assert len(load_traces([tmp_path]).traces["job-a"].steps) == 2
+
+
+def test_instrument_times_forward_backward_optimizer(tmp_path):
+    """instrument(model, optimizer) yields forward, backward and optimizer phases per step."""
+    torch = pytest.importorskip("torch")
+    tracer = Tracer(settings(tmp_path), IDENTITY, clock=HostClock())
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    handles = hooks.instrument(model, optimizer, tracer)
+    for _ in range(3):
+        model(torch.randn(8, 16)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    for handle in handles:
+        handle.remove()
+    model(torch.randn(8, 16)).sum().backward()  # hooks removed: no phase, no step
+    optimizer.step()
+    tracer.shutdown()
+    steps = load_traces([tmp_path]).traces["job-a"].steps
+    assert len(steps) == 3
+    assert set(steps.phase_names) == {"forward", "backward", "optimizer"}
+    assert not any(v != v for v in steps.phases.ravel())  # every phase present in every step
+
+
+# -- sinks and shipper ----------------------------------------------------------------------
+def test_file_sink_rotates_and_caps_the_spool(tmp_path):
+    """Past the per-file size a new file starts; past the spool cap the oldest go, counted."""
+    health = Health()
+    s = settings(tmp_path, file_max_bytes=2048, spool_max_bytes=8192)
+    sink = FileSink(s, IDENTITY, health)
+    line = b'{"v":1,"kind":"stack","job":"job-a","rank":3,"t_ns":1,"frames":[]}\n'
+    for _ in range(600):
+        assert sink.export([line])
+    sink.shutdown()
+    files = sorted((tmp_path / "job-a").iterdir())
+    assert len(files) >= 3
+    assert sum(f.stat().st_size for f in files) <= 8192 + 2048 + len(line)
+    assert health.dropped["spool_full"] > 0
+    assert load_traces([tmp_path]).records == 600 - health.dropped["spool_full"]
+
+
+def test_job_names_are_safe_path_components():
+    """A job name cannot escape the spool directory."""
+    assert safe_name("../../etc") == "etc"
+    assert "/" not in safe_name("a/b\\c") and safe_name("") == "job"
+
+
+def test_unknown_sink_scheme(tmp_path):
+    """An unknown ARGUS_SINK scheme is refused with the known ones listed."""
+    with pytest.raises(ConfigError, match="unknown scheme 'ftp'"):
+        create_sink(Settings(sink="ftp://x/y"), IDENTITY, Health())
+
+
+class _Collector(http.server.BaseHTTPRequestHandler):
+    bodies: ClassVar[list] = []
+    headers_seen: ClassVar[list] = []
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).bodies.append(gzip.decompress(body))
+        type(self).headers_seen.append(dict(self.headers))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_http_sink_posts_gzip_ndjson(tmp_path, monkeypatch):
+    """Records arrive as gzip NDJSON POSTs with the content type Vector expects and a token."""
+    monkeypatch.setenv("ARGUS_SINK_TOKEN", "s3cret")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1/records"
+        tracer = Tracer(Settings(enabled=True, sink=url, flush_s=0.05), IDENTITY,
+                        clock=HostClock())
+        run_steps(tracer, 5)
+        tracer.shutdown()
+    finally:
+        server.shutdown()
+    lines = b"".join(_Collector.bodies).splitlines()
+    assert len(lines) == 6  # the rank record and five steps
+    headers = _Collector.headers_seen[0]
+    assert headers["Content-Type"] == "application/x-ndjson"
+    assert headers["Content-Encoding"] == "gzip"
+    assert headers["Authorization"] == "Bearer s3cret"
+    assert tracer.health.records_shipped == 6
+
+
+def test_dead_endpoint_drops_and_counts_training_continues():
+    """Nothing listening: every batch is dropped and counted; the loop still finishes."""
+    url = f"http://127.0.0.1:{free_port()}/v1/records"
+    tracer = Tracer(Settings(enabled=True, sink=url, flush_s=0.02, http_timeout_s=0.2),
+                    IDENTITY, clock=HostClock())
+    run_steps(tracer, 20)
+    tracer.shutdown(timeout=2)
+    assert tracer.health.dropped["sink_error"] == 21
+    assert tracer.health.export_failures >= 1 and tracer.health.records_shipped == 0
+
+
+class _StuckSink:
+    def __init__(self):
+        self.release = threading.Event()
+        self.got = 0
+
+    def export(self, lines):
+        self.release.wait(10)
+        self.got += len(lines)
+        return True
+
+    def force_flush(self, timeout):
+        return True
+
+    def shutdown(self):
+        self.release.set()
+
+
+def test_full_queue_drops_oldest_and_never_blocks():
+    """A stuck sink: submit keeps returning, the queue stays bounded, drops are counted."""
+    health = Health()
+    sink = _StuckSink()
+    shipper = Shipper(sink, health, max_records=10, batch_records=5, flush_s=0.01)
+    for i in range(200):
+        shipper.submit(b"%d\n" % i)
+    assert shipper.depth <= 10
+    assert health.dropped["queue_full"] >= 180
+    sink.release.set()
+    assert shipper.force_flush(5)
+    shipper.shutdown()
+    assert sink.got + health.dropped["queue_full"] == 200
+
+
+# -- metrics and OpenTelemetry ---------------------------------------------------------------
+def scrape(port: int) -> dict:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def test_metrics_endpoint_exposes_steps_windows_and_health(tmp_path):
+    """/metrics carries step counters, rolling min/median/max and the exporter's health."""
+    tracer = Tracer(settings(tmp_path, window_steps=4), IDENTITY, clock=HostClock())
+    run_steps(tracer, 6, sleep=0.002)
+    tracer.force_flush()  # steps resolve in the background within RESOLVE_PERIOD_S
+    tracer.health.drop("queue_full", 2)
+    port = free_port()
+    server = serve(tracer.metrics, port, "127.0.0.1", tracer.health)
+    try:
+        families = scrape(port)
+    finally:
+        server.shutdown()
+        tracer.shutdown()
+    steps = families["argus_steps"].samples[0]
+    assert steps.value == 6
+    assert steps.labels == {"job": "job-a", "rank": "3", "host": "node-0", "dp": "3", "tp": "0",
+                            "pp": "0", "ep": "0"}
+    stats = {s.labels["stat"]: s.value for s in families["argus_step_window_seconds"].samples}
+    assert stats["min"] <= stats["median"] <= stats["max"]
+    phases = {s.labels["phase"] for s in families["argus_phase_seconds"].samples}
+    assert phases == {"forward", "dp-allreduce"}
+    dropped = {s.labels["reason"]: s.value
+               for s in families["argus_exporter_dropped_records"].samples}
+    assert dropped["queue_full"] == 2
+    assert families["argus_exporter_cpu_seconds"].samples[0].value > 0
+    assert "argus_exporter_queue_depth" in families
+
+
+def test_metrics_port_in_use_is_reported_not_raised(tmp_path):
+    """A taken port turns metrics off with the reason; training is unaffected."""
+    tracer = Tracer(settings(tmp_path), IDENTITY, clock=HostClock())
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        assert serve(tracer.metrics, busy.getsockname()[1], "127.0.0.1", tracer.health) is None
+    assert tracer.health.probes["metrics"][0] == "unavailable"
+    tracer.shutdown()
+
+
+def test_phases_become_otel_spans(tmp_path):
+    """With an SDK tracer provider set, each step is a span with one child per phase."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    tracer = Tracer(settings(tmp_path), IDENTITY, clock=HostClock())
+    run_steps(tracer, 2, sleep=0.003)
+    tracer.shutdown()
+    spans = exporter.get_finished_spans()
+    steps = [s for s in spans if s.name == "argus.step"]
+    phases = [s for s in spans if s.name == "argus.phase.forward"]
+    assert len(steps) == 2 and len(phases) == 2
+    assert phases[0].parent.span_id == steps[0].context.span_id
+    assert phases[0].end_time - phases[0].start_time >= 3_000_000
+    assert steps[0].attributes["argus.rank"] == 3
