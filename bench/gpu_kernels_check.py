@@ -13,10 +13,11 @@ pointwise ops and a reduction on the default stream plus a matmul/softmax on a s
   (``ActivityKernel<N>.from_ptr``), before the probe decodes it with numpy; the emitted record
   is compared record for record (start, dur, stream, name): ``mismatches``. ``tiling_mismatches``
   counts records CUPTI did not place at i * itemsize. Then the captured raw records are tiled
-  into one large buffer and the numpy decode, the from_ptr objects and the GetNextRecord walk
-  are timed per record on the same bytes. Also: whether ``cupti.subscribe`` succeeds here
-  (does torch/kineto hold a CUPTI subscriber?).
-- ``overhead``: mean step time with the probe off, then on (duty 1), synchronised steps.
+  into one large buffer and the numpy decode, the from_ptr objects (creation + 4 reads; they
+  are kept alive: their dealloc raises a KeyError in cupti-python's BufferManager for buffers it
+  did not issue) and the GetNextRecord walk are timed per record on the same bytes. Also:
+  whether ``cupti.subscribe`` succeeds here (does torch/kineto hold a CUPTI subscriber?).
+- ``overhead``: median step time with the probe off, then on (duty 1), synchronised steps.
 - ``duty``: duty 2; kernels must start inside the traced steps' windows; records per traced
   step versus ``compare``'s records per step; the enable/disable cost.
 - ``objects``: cupti-python's own path (``activity_register_callbacks`` with Python callbacks,
@@ -24,6 +25,9 @@ pointwise ops and a reduction on the default stream plus a matmul/softmax on a s
   trivial loop), and the kernel-name counts versus ``compare``.
 
 Prints one JSON object; exits 2 with ``{"ok": false, "error": ...}`` where there is no GPU.
+Runs from a plain checkout too (no ``pip install -e .``): ``argus_exporters`` is then loaded from
+``exporters/``, and orjson, which the exporters' record encoder imports but this check never
+uses, is stubbed if missing (reported as ``orjson_stubbed``).
 """
 
 from __future__ import annotations
@@ -43,6 +47,38 @@ from typing import Any
 
 PARTS = ("compare", "overhead", "duty", "objects")
 CHILD_TIMEOUT_S = 240
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _ensure_imports() -> bool:
+    """Make ``argus_exporters`` importable from a plain checkout; True if orjson was stubbed."""
+    import types
+
+    stubbed = False
+    try:
+        import orjson  # noqa: F401
+    except ImportError:
+        stub = types.ModuleType("orjson")
+        stub.OPT_SERIALIZE_NUMPY, stub.OPT_APPEND_NEWLINE = 1 << 4, 1 << 10
+
+        def dumps(*args: Any, **kwargs: Any) -> bytes:
+            raise NotImplementedError("orjson is stubbed in gpu_kernels_check")
+
+        stub.dumps = dumps
+        sys.modules["orjson"] = stub
+        stubbed = True
+    try:
+        import argus_exporters  # noqa: F401
+    except ImportError:  # not installed, or its __init__ needs what is not here: a bare package
+        for name in [m for m in sys.modules if m.split(".")[0] == "argus_exporters"]:
+            del sys.modules[name]
+        package = types.ModuleType("argus_exporters")
+        package.__path__ = [str(REPO / "exporters")]
+        sys.modules["argus_exporters"] = package
+    return stubbed
+
+
+ORJSON_STUBBED = _ensure_imports()
 
 
 def _no_gpu_reason() -> str | None:
@@ -109,6 +145,12 @@ def _kernel_class(cupti: Any, dtype: Any) -> Any:
     raise LookupError(f"no cupti-python class for {dtype}")
 
 
+# cupti-python's record objects tell its BufferManager when they die; for records in buffers
+# the BufferManager did not issue (ours), that raises and prints a KeyError per object. The
+# objects made here are kept alive and the child leaves with os._exit, so none of them dies.
+_KEEP: list[Any] = []
+
+
 def _next_record_fn(lib: ctypes.CDLL):
     fn = lib.cuptiActivityGetNextRecord
     fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]
@@ -133,6 +175,7 @@ def _walk(next_record, address: int, valid: int, cls: Any | None, kind: int):
             rows.append((pointer - address, rec_kind, None, None, None, None))
             continue
         obj = cls.from_ptr(pointer, readonly=True)
+        _KEEP.append(obj)
         rows.append((pointer - address, rec_kind, obj.start, obj.end, obj.stream_id, obj.name))
 
 
@@ -272,12 +315,14 @@ def _time_decoders(raw: bytes, dtype: Any, cupti: Any, next_record: Any, target:
     cls = _kernel_class(cupti, dtype)
     base = big.ctypes.data
     m = min(objects, count)
+    rows, keep = [], []
     t0 = time.perf_counter()
-    rows = []
     for i in range(m):
         obj = cls.from_ptr(base + i * itemsize, readonly=True)
+        keep.append(obj)
         rows.append((obj.start, obj.end, obj.stream_id, obj.name))
     objects_s = time.perf_counter() - t0
+    _KEEP.append(keep)
     t0 = time.perf_counter()
     walked = 0
     record = ctypes.c_void_p(None)
@@ -285,7 +330,7 @@ def _time_decoders(raw: bytes, dtype: Any, cupti: Any, next_record: Any, target:
         walked += 1
     walk_s = time.perf_counter() - t0
     numpy_us = 1e6 * best / count
-    objects_us = 1e6 * objects_s / m
+    objects_us = 1e6 * objects_s / m  # create + 4 reads; dealloc not included
     same = all(r == (int(cols.start_ns[i]), int(cols.start_ns[i] + cols.dur_ns[i]),
                      int(cols.stream[i]), cols.names[cols.name[i]])
                for i, r in enumerate(rows[:1000]))
@@ -491,8 +536,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.child and not reason:
         faulthandler.dump_traceback_later(CHILD_TIMEOUT_S - 10, exit=True)  # hangs: say where
         result = CHILDREN[args.child](args.steps, args.inner)
-        print(json.dumps(result, default=str))
-        return 0
+        print(json.dumps(result, default=str), flush=True)
+        sys.stderr.flush()
+        os._exit(0)  # no teardown: the kept cupti-python objects must not die (see _KEEP)
     if reason:
         print(f"gpu_kernels_check: cannot run here: {reason}", file=sys.stderr)
         print(json.dumps({"ok": False, "error": reason}))
@@ -510,7 +556,8 @@ def main(argv: list[str] | None = None) -> int:
     ok = (not any("error" in p for p in parts.values())
           and summary.get("mismatches") in (0, None)
           and summary.get("tiling_mismatches") in (0, None))
-    print(json.dumps({"ok": ok, "device": torch.cuda.get_device_name(0),
+    print(json.dumps({"ok": ok, "orjson_stubbed": ORJSON_STUBBED,
+                      "device": torch.cuda.get_device_name(0),
                       "torch": torch.__version__, "cuda": torch.version.cuda,
                       "cupti_python": version("cupti-python"), "summary": summary,
                       "parts": parts}, default=str))

@@ -35,7 +35,9 @@ When another CUPTI client holds CUPTI (nsys/ncu injected through ``CUDA_INJECTIO
 ``torch.profiler`` recording, or CUPTI answering MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED, HARDWARE_BUSY
 or OLD_PROFILER_API_INITIALIZED) the probe reports ``busy`` once and stays out of the way for the
 rest of the process: after torch.profiler (kineto) has registered its own buffer callbacks ours
-are gone, and re-arming is not attempted. Buffers CUPTI may still hold stay allocated.
+are gone, and re-arming is not attempted. Buffers CUPTI still holds then complete to kineto,
+which ignores buffers it did not allocate ("bufferCompleted called with unknown buffer"); our
+pool memory stays allocated for the life of the process in case CUPTI still writes to it.
 """
 
 from __future__ import annotations
@@ -731,6 +733,11 @@ class KernelProbe:
     def step_end(self, step: int) -> None:
         """Disable CONCURRENT_KERNEL after a traced step (kept on when every step is traced)."""
         if self._active and self._tracing and self._duty > 1:
+            self._set_tracing(False)
+
+    def pause(self) -> None:
+        """Stop collecting until the next traced ``step_begin`` (e.g. around an eval loop)."""
+        if self._active and self._tracing:
             self._set_tracing(False)
 
     def _set_tracing(self, on: bool) -> None:

@@ -33,6 +33,7 @@ class Shipper:
 
     def _init_state(self) -> None:
         self._queue: collections.deque[bytes] = collections.deque(maxlen=self.max_records)
+        self._queue_lock = threading.Lock()  # makes "full, so the oldest goes" exact
         self._wake = threading.Event()
         self._idle = threading.Condition()
         self._busy = False
@@ -54,9 +55,11 @@ class Shipper:
         if self._stopped:
             self.health.drop("shut_down")
             return
-        if len(self._queue) >= self.max_records:
+        with self._queue_lock:
+            full = len(self._queue) >= self.max_records
+            self._queue.append(line)
+        if full:
             self.health.drop("queue_full")
-        self._queue.append(line)
         if self._thread is None:
             self._ensure_thread()
         if len(self._queue) >= self.batch_records:
@@ -78,9 +81,9 @@ class Shipper:
             self._busy = True
         try:
             while self._queue:
-                batch = []
-                while self._queue and len(batch) < self.batch_records:
-                    batch.append(self._queue.popleft())
+                with self._queue_lock:
+                    batch = [self._queue.popleft()
+                             for _ in range(min(self.batch_records, len(self._queue)))]
                 self._export(batch)
         finally:
             with self._idle:

@@ -348,3 +348,30 @@ def test_phases_become_otel_spans(tmp_path):
     assert phases[0].parent.span_id == steps[0].context.span_id
     assert phases[0].end_time - phases[0].start_time >= 3_000_000
     assert steps[0].attributes["argus.rank"] == 3
+
+
+def test_probes_that_cannot_run_are_reported_and_training_goes_on(tmp_path, monkeypatch):
+    """No GPU (CUPTI unavailable) and no py-spy: both probes report once, steps still flow,
+    and /metrics shows each probe's state and reason."""
+    import argus_exporters
+    from argus_exporters import stacks
+
+    monkeypatch.setattr(stacks, "find_py_spy", lambda *a, **k: None)
+    s = settings(tmp_path, kernels=True, stacks=True)
+    tracer = Tracer(s, IDENTITY, clock=HostClock())
+    argus_exporters._start_probes(tracer, s, IDENTITY)
+    assert tracer.probes == []
+    run_steps(tracer, 3)
+    tracer.force_flush()
+    port = free_port()
+    server = serve(tracer.metrics, port, "127.0.0.1", tracer.health)
+    try:
+        families = scrape(port)
+    finally:
+        server.shutdown()
+        tracer.shutdown()
+    up = {s.labels["probe"]: (s.labels["state"], s.value)
+          for s in families["argus_exporter_probe_up"].samples}
+    assert up["kernels"][1] == 0 and up["kernels"][0] in ("unavailable", "skipped")
+    assert up["stacks"] == ("unavailable", 0)
+    assert families["argus_steps"].samples[0].value == 3
