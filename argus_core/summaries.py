@@ -63,35 +63,57 @@ def summarize_kernels(kernels: KernelTable, window_s: float = DEFAULT_WINDOW_S,
                          window_ns=window_ns)
 
 
-def exposition(summary: KernelSummary, job: str) -> bytes:
-    """Prometheus text exposition of kernel summaries (what a scrape of the processor returns).
+def top_kernels(summary: KernelSummary, k: int) -> KernelSummary:
+    """Clusters of each rank's ``k`` kernels (kernel x stream) with the most total time.
 
-    Host and coords are deliberately not repeated on every series: they join from
-    ``argus_rank_info`` (the info-metric pattern), which keeps each sample line short.
+    Bounds the series a rank exposes, whatever its kernel zoo; the long tail stays in the
+    Perfetto files.
     """
-    from prometheus_client import CollectorRegistry, generate_latest
+    if len(summary) == 0:
+        return summary
+    from argus_core.stats.grouping import dense_ids
+
+    gid, (g_rank, _, _) = dense_ids(summary.rank, summary.kernel, summary.stream)
+    total = np.bincount(gid, summary.sum_ns)
+    order = np.lexsort((-total, g_rank))  # per rank, largest total first
+    rank_sorted = g_rank[order]
+    starts = np.searchsorted(rank_sorted, rank_sorted, side="left")
+    keep_group = np.zeros(len(total), dtype=bool)
+    keep_group[order[np.arange(len(order)) - starts < k]] = True
+    return summary.take(keep_group[gid])
+
+
+def summary_families(summary: KernelSummary, job: str) -> list:
+    """Prometheus metric families for kernel summaries: per cluster, executions and the
+    p50/p99 duration in seconds. Host and coords are deliberately not repeated on every
+    series: they join from ``argus_rank_info`` (the info-metric pattern)."""
     from prometheus_client.core import GaugeMetricFamily
+
+    labels = ["job", "rank", "kernel", "stream", "cluster"]
+    quantiles = GaugeMetricFamily("argus_kernel_duration_seconds",
+                                  "Kernel duration quantile per cluster in the last window.",
+                                  labels=[*labels, "quantile"])
+    counts = GaugeMetricFamily("argus_kernel_executions",
+                               "Kernel executions per cluster in the last window.",
+                               labels=labels)
+    rows = zip(summary.rank.tolist(), summary.kernel.tolist(), summary.stream.tolist(),
+               summary.cluster.tolist(), summary.count.tolist(), summary.p50_ns.tolist(),
+               summary.p99_ns.tolist(), strict=True)
+    for rank, kernel, stream, cluster, count, p50, p99 in rows:
+        key = [job, str(rank), summary.names[kernel], str(stream), str(cluster)]
+        counts.add_metric(key, count)
+        quantiles.add_metric([*key, "0.5"], p50 * 1e-9)
+        quantiles.add_metric([*key, "0.99"], p99 * 1e-9)
+    return [quantiles, counts]
+
+
+def exposition(summary: KernelSummary, job: str) -> bytes:
+    """Prometheus text exposition of kernel summaries (what a scrape of the processor returns)."""
+    from prometheus_client import CollectorRegistry, generate_latest
 
     class _Collector:
         def collect(self):
-            labels = ["job", "rank", "kernel", "stream", "cluster"]
-            quantiles = GaugeMetricFamily(
-                "argus_kernel_duration_seconds",
-                "Kernel duration quantile per cluster in the last window.",
-                labels=[*labels, "quantile"])
-            counts = GaugeMetricFamily(
-                "argus_kernel_executions", "Kernel executions per cluster in the last window.",
-                labels=labels)
-            rows = zip(summary.rank.tolist(), summary.kernel.tolist(), summary.stream.tolist(),
-                       summary.cluster.tolist(), summary.count.tolist(),
-                       summary.p50_ns.tolist(), summary.p99_ns.tolist(), strict=True)
-            for rank, kernel, stream, cluster, count, p50, p99 in rows:
-                key = [job, str(rank), summary.names[kernel], str(stream), str(cluster)]
-                counts.add_metric(key, count)
-                quantiles.add_metric([*key, "0.5"], p50 * 1e-9)
-                quantiles.add_metric([*key, "0.99"], p99 * 1e-9)
-            yield quantiles
-            yield counts
+            yield from summary_families(summary, job)
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector())

@@ -1,0 +1,1 @@
+"""The per-host processor service: ingest, windows, compression, Perfetto files, storage."""

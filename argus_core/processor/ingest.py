@@ -1,0 +1,124 @@
+"""Request bodies to validated records: decompression with a size cap, NDJSON or JSON array.
+
+Vector's ``http`` sink sends either newline-delimited JSON (``codec: json`` with newline
+framing, or ``codec: native_json``) or one JSON array (``codec: json`` without framing), gzip
+or zstd encoded. Every record is validated on its own: a bad one is rejected with its line (or
+array item) and field, the others are kept.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+
+import orjson
+
+from argus_core.schema import Record, SchemaError, parse_record
+
+
+class BodyError(Exception):
+    """The body as a whole cannot be read; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class IngestResult:
+    """Accepted records and, for the rest, where and why they were rejected."""
+
+    records: list[Record] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # first MAX_ERRORS messages
+    reasons: Counter = field(default_factory=Counter)  # rejected count by field
+
+    @property
+    def rejected(self) -> int:
+        """How many records were rejected."""
+        return sum(self.reasons.values())
+
+
+MAX_ERRORS = 20
+_GZIP_MAGIC = b"\x1f\x8b"
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def decode_body(body: bytes, encoding: str | None, max_bytes: int) -> bytes:
+    """Undo Content-Encoding (gzip, zstd, identity; sniffed when unlabelled), at most
+    ``max_bytes`` decompressed: a small compressed body cannot blow up memory."""
+    encoding = (encoding or "").strip().lower()
+    if encoding in ("gzip", "x-gzip") or (not encoding and body[:2] == _GZIP_MAGIC):
+        return _inflate(body, max_bytes)
+    if encoding == "zstd" or (not encoding and body[:4] == _ZSTD_MAGIC):
+        return _unzstd(body, max_bytes)
+    if encoding not in ("", "identity"):
+        raise BodyError(415, f"unsupported Content-Encoding {encoding!r} (gzip, zstd, identity)")
+    if len(body) > max_bytes:
+        raise BodyError(413, f"body of {len(body)} bytes exceeds the limit of {max_bytes}")
+    return body
+
+
+def _inflate(body: bytes, max_bytes: int) -> bytes:
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        data = inflater.decompress(body, max_bytes + 1)
+    except zlib.error as exc:
+        raise BodyError(400, f"body is not valid gzip: {exc}") from None
+    if len(data) > max_bytes or inflater.unconsumed_tail:
+        raise BodyError(413, f"decompressed body exceeds the limit of {max_bytes} bytes")
+    return data
+
+
+def _unzstd(body: bytes, max_bytes: int) -> bytes:
+    try:
+        from compression import zstd  # Python 3.14+
+    except ImportError:
+        from backports import zstd  # the same module before 3.14 (aiohttp uses it too)
+    decompressor = zstd.ZstdDecompressor()
+    try:
+        data = decompressor.decompress(body, max_length=max_bytes + 1)
+    except zstd.ZstdError as exc:
+        raise BodyError(400, f"body is not valid zstd: {exc}") from None
+    if len(data) > max_bytes or (not decompressor.needs_input and not decompressor.eof):
+        raise BodyError(413, f"decompressed body exceeds the limit of {max_bytes} bytes")
+    return data
+
+
+def parse_body(data: bytes) -> IngestResult:
+    """Validate every record of an NDJSON or JSON-array body."""
+    result = IngestResult()
+    stripped = data.lstrip()
+    if stripped[:1] == b"[":
+        try:
+            items = orjson.loads(stripped)
+        except orjson.JSONDecodeError as exc:
+            _reject(result, "body", "json", f"malformed JSON array: {exc}")
+            return result
+        for number, item in enumerate(items, start=1):
+            _accept(result, f"item {number}", item)
+        return result
+    for number, line in enumerate(data.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            _reject(result, f"line {number}", "json", f"malformed JSON: {exc}")
+            continue
+        _accept(result, f"line {number}", item)
+    return result
+
+
+def _accept(result: IngestResult, where: str, item: object) -> None:
+    try:
+        result.records.append(parse_record(item))
+    except SchemaError as exc:
+        _reject(result, where, exc.field, exc.message)
+
+
+def _reject(result: IngestResult, where: str, field_name: str, message: str) -> None:
+    result.reasons[field_name.split("[")[0].split(".")[0]] += 1
+    if len(result.errors) < MAX_ERRORS:
+        result.errors.append(f"{where}: {field_name}: {message}")

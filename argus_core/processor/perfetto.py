@@ -1,0 +1,568 @@
+"""Perfetto trace files: one (job, rank) window as a protobuf trace for ui.perfetto.dev.
+
+A file is a serialized ``perfetto.protos.Trace`` (a run of ``packet`` fields) on one packet
+sequence. Its head is built with ``TraceProtoBuilder``: the first packet clears the incremental
+state, interns the window's kernel names (``InternedData.event_names``) and holds a clock
+snapshot saying trace time is wall time (BOOTTIME == REALTIME, so the UI can show dates); then
+the track tree, a process track "rank R (host)" with, in this order, "steps",
+"phases (approximate placement)", one track per GPU stream ("stream 7") and "host stacks" (one
+child track per sampled Python thread); then the step, phase and stack-sample events.
+
+The kernels follow: each one a ``TYPE_SLICE_BEGIN`` and a ``TYPE_SLICE_END`` packet carrying
+``timestamp`` (absolute ns), ``trusted_packet_sequence_id``, ``sequence_flags =
+SEQ_NEEDS_INCREMENTAL_STATE`` and a ``track_event`` with ``type``, ``track_uuid`` and, on BEGIN,
+``name_iid``. Their bytes are computed here with numpy for all kernels at once (no Python object
+per kernel), fields in field-number order so that each packet is byte for byte what protobuf
+itself would serialize. Interned name ids and stream track uuids are drawn from one varint
+width class, so in the usual case (epoch timestamps, all 9 varint bytes) every kernel has the
+same layout and the packets are plain whole-column writes into one byte matrix.
+
+Kernels on one stream are written in start order, each END before the next BEGIN, which is
+what trace processor needs to pair BEGIN and END on a track when timestamps tie (zero-length
+and back-to-back kernels). CUPTI does not report overlapping kernels on one stream, but if two
+overlap the earlier one's end is clipped to the next one's start (slices on a track must nest)
+and the number clipped is logged at debug level.
+
+Gzip (``build_trace_gz``) takes most of the time: zlib level 1 runs at ~100 MB/s on this kind of
+data. ISA-L (the optional ``isal`` package) writes the same gzip format about 5x faster and is
+used when installed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from google.protobuf.descriptor import FieldDescriptor
+from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import (
+    BUILTIN_CLOCK_BOOTTIME,
+    BUILTIN_CLOCK_REALTIME,
+    Trace,
+    TracePacket,
+    TrackDescriptor,
+    TrackEvent,
+)
+from perfetto.trace_builder.proto_builder import TraceProtoBuilder
+
+_log = logging.getLogger(__name__)
+
+try:  # ISA-L's deflate: the same gzip format, ~5x faster than zlib at level 1 here
+    from isal import isal_zlib as _isal_zlib
+except ImportError:  # pragma: no cover - depends on the environment
+    _isal_zlib = None
+
+GZIP_BACKEND = "isal" if _isal_zlib is not None else "zlib"
+"""Which deflate implementation ``build_trace_gz`` uses by default."""
+
+
+@dataclass
+class WindowTrace:
+    """Everything one (job, rank) recorded in one window; ``kernel_name`` indexes ``names``."""
+
+    job: str
+    rank: int
+    window_start_ns: int
+    window_ns: int
+    host: str = ""
+    names: list[str] = field(default_factory=list)
+    kernel_name: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    stream: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    start_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    dur_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    steps: list[dict] = field(default_factory=list)  # schema-v1 step records
+    stacks: list[dict] = field(default_factory=list)  # schema-v1 stack records
+
+
+def build_trace(window: WindowTrace) -> bytes:
+    """Serialize one window as a Perfetto ``Trace`` (uncompressed protobuf bytes)."""
+    return b"".join(memoryview(chunk) for chunk in _trace_chunks(window))
+
+
+def build_trace_gz(window: WindowTrace, level: int = 1, backend: str | None = None) -> bytes:
+    """Gzip of ``build_trace(window)``, compressed chunk by chunk without joining them first.
+
+    ``backend`` is "zlib" or "isal" (ISA-L, same gzip format, levels 0-3); the default is
+    ``GZIP_BACKEND``: ISA-L when the ``isal`` package is installed, else zlib. Levels above 3
+    always use zlib.
+    """
+    backend = backend or GZIP_BACKEND
+    if backend == "isal" and _isal_zlib is not None and level <= 3:
+        compressor = _isal_zlib.compressobj(level, _isal_zlib.DEFLATED, 31)
+    elif backend in ("zlib", "isal"):
+        compressor = zlib.compressobj(level, zlib.DEFLATED, 31)  # 31: gzip container
+    else:
+        raise ValueError(f"unknown gzip backend {backend!r}")
+    parts = [compressor.compress(chunk) for chunk in _trace_chunks(window)]
+    parts.append(compressor.flush())
+    return b"".join(parts)
+
+
+# --- wire format, checked against the generated descriptors at import ------------------------
+
+_LEN_TYPES = (FieldDescriptor.TYPE_MESSAGE, FieldDescriptor.TYPE_BYTES, FieldDescriptor.TYPE_STRING)
+_VARINT_TYPES = (FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_UINT32,
+                 FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_INT32,
+                 FieldDescriptor.TYPE_ENUM, FieldDescriptor.TYPE_BOOL)
+
+
+def _tag(message: Any, name: str) -> int:
+    """One-byte protobuf tag (field number << 3 | wire type) of a field, from its descriptor."""
+    fd = message.DESCRIPTOR.fields_by_name[name]
+    if fd.type in _LEN_TYPES:
+        wire = 2
+    elif fd.type in _VARINT_TYPES:
+        wire = 0
+    else:  # pragma: no cover - would mean the protos changed under us
+        raise TypeError(f"{message.DESCRIPTOR.name}.{name} is neither varint nor length-delimited")
+    tag = fd.number << 3 | wire
+    if tag >= 0x80:  # pragma: no cover
+        raise ValueError(f"{message.DESCRIPTOR.name}.{name}: tag {tag} needs more than one byte")
+    return tag
+
+
+_T_PACKET = _tag(Trace, "packet")  # field 1, length-delimited
+_T_TIMESTAMP = _tag(TracePacket, "timestamp")  # field 8
+_T_SEQUENCE_ID = _tag(TracePacket, "trusted_packet_sequence_id")  # field 10
+_T_TRACK_EVENT = _tag(TracePacket, "track_event")  # field 11, length-delimited
+_T_SEQUENCE_FLAGS = _tag(TracePacket, "sequence_flags")  # field 13
+_T_TYPE = _tag(TrackEvent, "type")  # field 9
+_T_NAME_IID = _tag(TrackEvent, "name_iid")  # field 10
+_T_TRACK_UUID = _tag(TrackEvent, "track_uuid")  # field 11
+_SLICE_BEGIN = TrackEvent.TYPE_SLICE_BEGIN
+_SLICE_END = TrackEvent.TYPE_SLICE_END
+_NEEDS_STATE = TracePacket.SEQ_NEEDS_INCREMENTAL_STATE
+_CLEARED_STATE = TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+_SEQUENCE = 1  # the one packet sequence of a file
+_PID_BASE = 1_000_000  # synthetic pid = _PID_BASE + rank (pid 0 is the kernel's idle task)
+_WIDTH_BASES = (1, 1 << 7, 1 << 14, 1 << 21, 1 << 28, 1 << 35)
+
+
+def _varint_width(value: int) -> int:
+    """Bytes of the canonical varint encoding of a non-negative integer."""
+    return max(1, (int(value).bit_length() + 6) // 7)
+
+
+def _fixed_width_base(count: int) -> int:
+    """Smallest first id such that ``count`` consecutive ids all have the same varint width.
+
+    Interned name ids and sequence ids only need to be distinct and non-zero, so picking them
+    from one width class makes every kernel packet's layout identical up to its timestamps.
+    """
+    for base, nxt in itertools.pairwise(_WIDTH_BASES):
+        if base + count <= nxt:
+            return base
+    raise ValueError(f"{count} ids do not fit a fixed-width varint class")
+
+
+def _write_varints(values: np.ndarray, out: np.ndarray, present: np.ndarray | None = None,
+                   ) -> np.ndarray:
+    """Encode non-negative integers as protobuf varints into the rows of ``out`` (n x width).
+
+    Byte k of row i is written to ``out[i, k]`` and, if given, ``present[i, k]`` says whether
+    the value uses it (bytes past a value's length are zero and must be dropped). ``width`` must
+    be at least the longest encoding. Returns the encoded lengths (uint8). Whole-array numpy.
+    """
+    width = out.shape[1]
+    small = width <= 4 or (len(values) and int(values.max()) < 1 << 32)
+    rest = values.astype(np.uint32 if small else np.uint64)  # a copy: shifted in place below
+    seven = rest.dtype.type(7)
+    lengths = np.ones(len(rest), dtype=np.uint8)
+    if present is not None:
+        present[:, 0] = True
+    for k in range(width):
+        byte = rest.astype(np.uint8)  # the low 8 bits
+        byte &= 0x7F
+        rest >>= seven
+        if k + 1 < width:
+            more = rest != 0  # continuation bit: anything left after these 7 bits
+            byte |= more.view(np.uint8) << 7
+            if present is not None:
+                present[:, k + 1] = more
+            lengths += more
+        out[:, k] = byte
+    return lengths
+
+
+_SPREAD = [(0x000000000FFFFFFF, 0x00FFFFFFF0000000, 4),  # 28-bit halves into 32-bit lanes
+           (0x00003FFF00003FFF, 0x0FFFC0000FFFC000, 2),  # 14-bit quarters into 16-bit lanes
+           (0x007F007F007F007F, 0x3F803F803F803F80, 1)]  # 7-bit groups into bytes
+
+
+def _write_fixed_varints(values: np.ndarray, out: np.ndarray) -> None:
+    """``_write_varints`` for values < 2**63 whose encodings all have ``out.shape[1]`` bytes.
+
+    Spreads the low 56 bits into eight 7-bit groups, one per byte of a uint64 (three
+    mask-and-shift steps on whole arrays), sets the continuation bits with one OR, and copies
+    the little-endian bytes out; a 9th byte, if any, is the top 7 bits.
+    """
+    width = out.shape[1]
+    if width > 9:
+        _write_varints(values, out)
+        return
+    unsigned = values.view(np.uint64) if values.dtype == np.int64 else values.astype(np.uint64)
+    spread = unsigned & np.uint64((1 << 56) - 1)
+    for keep, move, shift in _SPREAD:
+        moved = spread & np.uint64(move)
+        moved <<= np.uint64(shift)
+        spread &= np.uint64(keep)
+        spread |= moved
+    spread |= np.uint64(int.from_bytes(b"\x80" * (width - 1), "little"))
+    groups = spread.astype("<u8", copy=False).view(np.uint8).reshape(len(values), 8)
+    out[:, :min(width, 8)] = groups[:, :width]
+    if width == 9:
+        out[:, 8] = (unsigned >> np.uint64(56)).astype(np.uint8)
+
+
+def encode_varints(values: Iterable[int] | np.ndarray) -> list[bytes]:
+    """Canonical protobuf varint of each value (uint64 range), via the vectorised encoder."""
+    array = np.asarray(values, dtype=np.uint64)
+    width = _varint_width(int(array.max())) if len(array) else 1
+    out = np.zeros((len(array), width), dtype=np.uint8)
+    present = np.zeros((len(array), width), dtype=bool)
+    _write_varints(array, out, present)
+    return [row[mask].tobytes() for row, mask in zip(out, present, strict=True)]
+
+
+# --- kernels -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _StreamKernels:
+    """Kernels grouped by stream (blocks ``bounds[s]:bounds[s+1]``), sorted by start."""
+
+    streams: np.ndarray  # stream id of each block
+    bounds: np.ndarray  # block boundaries, len(streams) + 1
+    start: np.ndarray
+    end: np.ndarray
+    name: np.ndarray  # index into WindowTrace.names
+
+
+def _dense_ids(stream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct stream ids (sorted) and each kernel's index among them (small dtype)."""
+    lo, hi = int(stream.min()), int(stream.max())
+    if hi - lo < 1 << 20:
+        shifted = stream - lo
+        counts = np.bincount(shifted, minlength=hi - lo + 1)
+        present = np.flatnonzero(counts)
+        lut = np.zeros(hi - lo + 1, dtype=np.int64)
+        lut[present] = np.arange(len(present))
+        streams, index = present + lo, lut[shifted]
+    else:
+        streams, index = np.unique(stream, return_inverse=True)
+    # uint8/uint16 keys let numpy's stable argsort use a radix sort.
+    dtype = np.uint8 if len(streams) <= 1 << 8 else np.uint16 if len(streams) <= 1 << 16 else None
+    return streams, index.astype(dtype) if dtype else index
+
+
+def _group_kernels(window: WindowTrace) -> _StreamKernels:
+    """Group kernels by stream, sort each stream by start, and clip overlaps on a stream."""
+    start = np.asarray(window.start_ns, dtype=np.int64)
+    dur = np.asarray(window.dur_ns, dtype=np.int64)
+    name = np.asarray(window.kernel_name)
+    stream = np.asarray(window.stream, dtype=np.int64)
+    n = len(start)
+    if not len(dur) == len(name) == len(stream) == n:
+        raise ValueError("kernel columns have different lengths")
+    if n and (int(start.min()) < 0 or int(name.min()) < 0 or int(name.max()) >= len(window.names)):
+        raise ValueError("kernel start before 0 ns or name index outside names")
+    if n == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return _StreamKernels(empty, np.zeros(1, dtype=np.int64), empty, empty, empty)
+
+    streams, index = _dense_ids(stream)
+    bounds = np.zeros(len(streams) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(index, minlength=len(streams)), out=bounds[1:])
+    order = np.argsort(index, kind="stable") if len(streams) > 1 else None
+    start_s = start[order] if order is not None else start
+    # CUPTI delivers a stream's kernels in order, so this is normally one cheap check.
+    backwards = start_s[1:] < start_s[:-1]
+    backwards[bounds[1:-1] - 1] = False  # a new stream's block may start earlier
+    if backwards.any():
+        order = np.arange(n) if order is None else order
+        for s in np.unique(np.searchsorted(bounds, np.flatnonzero(backwards) + 1, "right") - 1):
+            block = slice(bounds[s], bounds[s + 1])
+            order[block] = order[block][np.argsort(start[order[block]], kind="stable")]
+        start_s = start[order]
+    dur_s = dur[order] if order is not None else dur
+    name_s = name[order] if order is not None else name
+
+    end = start_s + dur_s
+    np.maximum(end, start_s, out=end)  # a negative duration becomes an instant
+    overlap = end[:-1] > start_s[1:]
+    overlap[bounds[1:-1] - 1] = False
+    clipped = int(np.count_nonzero(overlap))
+    if clipped:
+        end[:-1][overlap] = start_s[1:][overlap]
+        _log.debug("%s rank %d: clipped %d overlapping kernels", window.job, window.rank, clipped)
+    return _StreamKernels(streams, bounds, start_s, end, name_s)
+
+
+def _kernel_packets(kernels: _StreamKernels, name_iid: np.ndarray, track_uuid: list[int],
+                    seq: int) -> np.ndarray:
+    """Bytes of every kernel's BEGIN and END packet, as Trace ``packet`` fields, in one buffer.
+
+    ``name_iid`` maps a name index to its interned id; ``track_uuid`` gives each stream block's
+    track (ids of one varint width each). Each kernel is one row of a byte matrix, two packets
+    with their fields in field-number order (what protobuf itself writes):
+
+      BEGIN: 0A len | 40 start | 50 seq | 5A te_len 48 01 50 iid 58 uuid | 68 02
+      END:   0A len | 40 end   | 50 seq | 5A te_len 48 02 58 uuid        | 68 02
+
+    Everything but the timestamps has a fixed width, so rows are filled with whole-column numpy
+    assignments. Timestamps are varints too; when they do not all have the same length (not
+    the case for epoch times, which all take 9 bytes) the rows are squeezed with a mask.
+    """
+    n = len(kernels.start)
+    seq_bytes = encode_varints([seq])[0]
+    uuid_width = _varint_width(max(track_uuid))
+    iid_width = _varint_width(int(name_iid.max()))  # every used name's iid has this width
+    iid_bytes = np.zeros((len(name_iid), iid_width), dtype=np.uint8)
+    _write_varints(name_iid, iid_bytes)
+    lo, hi = int(kernels.start.min()), int(kernels.end.max())
+    ts_width = _varint_width(hi)
+    uniform = _varint_width(lo) == ts_width
+
+    uuid = [_T_TRACK_UUID, *[0] * uuid_width]
+    event_begin = [_T_TYPE, _SLICE_BEGIN, _T_NAME_IID, *[0] * iid_width, *uuid]
+    event_end = [_T_TYPE, _SLICE_END, *uuid]
+    tail_begin = [_T_SEQUENCE_ID, *seq_bytes, _T_TRACK_EVENT, len(event_begin), *event_begin,
+                  _T_SEQUENCE_FLAGS, _NEEDS_STATE]
+    tail_end = [_T_SEQUENCE_ID, *seq_bytes, _T_TRACK_EVENT, len(event_end), *event_end,
+                _T_SEQUENCE_FLAGS, _NEEDS_STATE]
+    # column positions: [0A len 40 | start | tail_begin] [0A len 40 | end | tail_end]
+    b_ts = 3
+    b_tail = b_ts + ts_width
+    e_tag = b_tail + len(tail_begin)
+    e_ts = e_tag + 3
+    e_tail = e_ts + ts_width
+    width = e_tail + len(tail_end)
+    b_iid = b_tail + 1 + len(seq_bytes) + 2 + 3  # after 50 seq, 5A te_len, 48 01 50
+    e_uuid = e_tail + 1 + len(seq_bytes) + 2 + 3  # after 50 seq, 5A te_len, 48 02 58
+    b_uuid = b_iid + iid_width + 1
+    template = np.zeros(width, dtype=np.uint8)
+    template[[0, e_tag]] = _T_PACKET
+    template[[2, e_tag + 2]] = _T_TIMESTAMP
+    template[b_tail:e_tag] = tail_begin
+    template[e_tail:] = tail_end
+
+    rows = np.empty((n, width), dtype=np.uint8)
+    for s, track in enumerate(track_uuid):
+        uuid_bytes = list(encode_varints([track])[0])
+        template[b_uuid:b_uuid + uuid_width] = template[e_uuid:e_uuid + uuid_width] = uuid_bytes
+        rows[kernels.bounds[s]:kernels.bounds[s + 1]] = template
+    rows[:, b_iid:b_iid + iid_width] = np.take(iid_bytes, kernels.name, axis=0)  # 5x [] here
+    if uniform:
+        _write_fixed_varints(kernels.start, rows[:, b_ts:b_tail])
+        _write_fixed_varints(kernels.end, rows[:, e_ts:e_tail])
+        rows[:, 1] = 1 + ts_width + len(tail_begin)
+        rows[:, e_tag + 1] = 1 + ts_width + len(tail_end)
+        return rows.reshape(-1)
+    keep = np.ones((n, width), dtype=bool)
+    begin_len = _write_varints(kernels.start, rows[:, b_ts:b_tail], keep[:, b_ts:b_tail])
+    end_len = _write_varints(kernels.end, rows[:, e_ts:e_tail], keep[:, e_ts:e_tail])
+    rows[:, 1] = begin_len + (1 + len(tail_begin))
+    rows[:, e_tag + 1] = end_len + (1 + len(tail_end))
+    return rows[keep]
+
+
+# --- tracks, steps, phases, stacks ---------------------------------------------------------------
+
+
+class _Tracks:
+    """Track uuids of one window: small integers, unique within the file.
+
+    Stream tracks come first and share one varint width: their uuid is in every kernel packet.
+    """
+
+    def __init__(self, streams: np.ndarray, threads: list[str]):
+        first = _fixed_width_base(len(streams))
+        self.stream = {int(s): first + i for i, s in enumerate(streams)}
+        after = first + len(streams)
+        self.process, self.steps, self.phases, self.stacks = range(after, after + 4)
+        self.thread = {t: after + 4 + i for i, t in enumerate(threads)}
+
+
+def _get(record: Any, key: str) -> Any:
+    """A field of a schema-v1 record given as a dict or as a parsed record object."""
+    return record[key] if isinstance(record, Mapping) else getattr(record, key)
+
+
+def _ns(seconds: Any) -> int:
+    """Seconds as whole nanoseconds; missing, negative or non-finite values become 0."""
+    value = float(seconds) if seconds is not None else 0.0
+    return round(value * 1e9) if math.isfinite(value) and value > 0 else 0
+
+
+def _add_tracks(builder: TraceProtoBuilder, window: WindowTrace, tracks: _Tracks, seq: int,
+                ) -> None:
+    """Track descriptors: the rank's process track and its children, in display order."""
+    process = builder.add_packet()
+    process.trusted_packet_sequence_id = seq
+    desc = process.track_descriptor
+    desc.uuid = tracks.process
+    desc.process.pid = _PID_BASE + window.rank
+    desc.process.process_name = f"rank {window.rank} ({window.host})" if window.host \
+        else f"rank {window.rank}"
+    desc.description = f"job {window.job}, rank {window.rank}, window of {window.window_ns} ns " \
+                       f"from {window.window_start_ns} ns (epoch)"
+    desc.child_ordering = TrackDescriptor.EXPLICIT
+    children = [(tracks.steps, "steps", "One slice per training step: t_ns + wall_s."),
+                (tracks.phases, "phases (approximate placement)",
+                 "Phases are device durations without start times: laid back to back from "
+                 "the step's start, clipped at its end; measured_s holds the true duration."),
+                *((uuid, f"stream {s}", f"GPU kernels on CUDA stream {s}.")
+                  for s, uuid in tracks.stream.items())]
+    if tracks.thread:
+        children.append((tracks.stacks, "host stacks", "Host Python stack samples (py-spy)."))
+    for rank, (uuid, name, text) in enumerate(children):
+        packet = builder.add_packet()
+        packet.trusted_packet_sequence_id = seq
+        desc = packet.track_descriptor
+        desc.uuid, desc.parent_uuid, desc.name, desc.description = uuid, tracks.process, name, text
+        desc.sibling_order_rank = rank
+    for thread, uuid in tracks.thread.items():
+        packet = builder.add_packet()
+        packet.trusted_packet_sequence_id = seq
+        desc = packet.track_descriptor
+        desc.uuid, desc.parent_uuid, desc.name = uuid, tracks.stacks, thread or "(unnamed thread)"
+
+
+def _slice(builder: TraceProtoBuilder, seq: int, track: int, name: str, begin: int, end: int,
+           ) -> TrackEvent:
+    """A BEGIN/END packet pair on ``track``; returns the BEGIN event for annotations."""
+    first = builder.add_packet()
+    first.timestamp, first.trusted_packet_sequence_id = begin, seq
+    event = first.track_event
+    event.type, event.track_uuid, event.name = _SLICE_BEGIN, track, name
+    last = builder.add_packet()
+    last.timestamp, last.trusted_packet_sequence_id = end, seq
+    last.track_event.type, last.track_event.track_uuid = _SLICE_END, track
+    return event
+
+
+def _annotate(event: TrackEvent, name: str, value: float | int | str) -> None:
+    """Attach one debug annotation (shown under the slice's arguments)."""
+    note = event.debug_annotations.add()
+    note.name = name
+    if isinstance(value, str):
+        note.string_value = value
+    elif isinstance(value, int):
+        note.int_value = value
+    else:
+        note.double_value = value
+
+
+def _add_steps_and_phases(builder: TraceProtoBuilder, steps: list, tracks: _Tracks, seq: int,
+                          ) -> None:
+    """Steps as slices t_ns .. t_ns + wall_s; phases laid out back to back inside each step.
+
+    Phases have only durations (device time from CUDA events), no start times: they are placed
+    sequentially from the step's ``t_ns`` in record order, on the "phases (approximate
+    placement)" track, and clipped at the step's end (communication overlapping compute makes
+    their sum exceed the wall time); ``measured_s`` keeps each phase's recorded duration. A
+    step that runs past the next step's start is clipped there, so slices nest.
+    """
+    ordered = sorted(steps, key=lambda r: int(_get(r, "t_ns")))
+    for i, record in enumerate(ordered):
+        begin = int(_get(record, "t_ns"))
+        end = begin + _ns(_get(record, "wall_s"))
+        if i + 1 < len(ordered):
+            end = min(end, int(_get(ordered[i + 1], "t_ns")))
+        event = _slice(builder, seq, tracks.steps, f"step {_get(record, 'step')}", begin, end)
+        _annotate(event, "wall_s", float(_get(record, "wall_s") or 0.0))
+        _annotate(event, "gpu_s", float(_get(record, "gpu_s") or 0.0))
+        cursor = begin
+        for phase, seconds in (_get(record, "phases") or {}).items():
+            phase_end = min(cursor + _ns(seconds), end)
+            event = _slice(builder, seq, tracks.phases, phase, cursor, phase_end)
+            _annotate(event, "measured_s", float(seconds or 0.0))
+            _annotate(event, "step", int(_get(record, "step")))
+            cursor = phase_end
+
+
+def _callstack(frames: tuple[str, ...]) -> TrackEvent.InlineCallstack:
+    """Inline callstack (outermost first) from "file.py:function:line" frame strings."""
+    stack = TrackEvent.InlineCallstack()
+    for text in frames:
+        frame = stack.frames.add()
+        parts = text.rsplit(":", 2)
+        if len(parts) == 3 and parts[2].isdigit():
+            frame.source_file, frame.function_name = parts[0], parts[1]
+            frame.line_number = int(parts[2])
+        else:
+            frame.function_name = text
+    return stack
+
+
+def _add_stacks(builder: TraceProtoBuilder, stacks: list, tracks: _Tracks, seq: int) -> None:
+    """Stack samples as instant events named by the innermost frame, one track per thread.
+
+    Each carries the stack twice: as ``TrackEvent.callstack`` (Perfetto's inline callstack,
+    outermost frame first, which the UI aggregates into a flamegraph over a selection) and as a
+    ``stack`` debug annotation listing the frames, outermost first, readable in the details.
+    """
+    cache: dict[tuple[str, ...], TrackEvent.InlineCallstack] = {}
+    for record in sorted(stacks, key=lambda r: int(_get(r, "t_ns"))):
+        frames = tuple(_get(record, "frames") or ())
+        thread = _get(record, "thread") or ""
+        packet = builder.add_packet()
+        packet.timestamp, packet.trusted_packet_sequence_id = int(_get(record, "t_ns")), seq
+        event = packet.track_event
+        event.type, event.track_uuid = TrackEvent.TYPE_INSTANT, tracks.thread[thread]
+        event.name = frames[-1] if frames else "(empty stack)"
+        if frames:
+            if frames not in cache:
+                cache[frames] = _callstack(frames)
+            event.callstack.CopyFrom(cache[frames])
+        _annotate(event, "thread", thread)
+        note = event.debug_annotations.add()
+        note.name = "stack"
+        for text in frames:
+            note.array_values.add().string_value = text
+
+
+# --- assembly ----------------------------------------------------------------------------------
+
+
+def _header(window: WindowTrace, tracks: _Tracks, seq: int, names: list[tuple[int, str]],
+            ) -> bytes:
+    """The head of the file: interned kernel names, clock, track tree, steps, phases, stacks."""
+    builder = TraceProtoBuilder()
+    first = builder.add_packet()
+    first.trusted_packet_sequence_id = seq
+    first.sequence_flags = _CLEARED_STATE
+    first.first_packet_on_sequence = True
+    for iid, name in names:
+        entry = first.interned_data.event_names.add()
+        entry.iid, entry.name = iid, name
+    # Timestamps are epoch ns: declare trace time (BOOTTIME) equal to wall time (REALTIME) so
+    # the UI can show real dates.
+    for clock_id in (BUILTIN_CLOCK_BOOTTIME, BUILTIN_CLOCK_REALTIME):
+        clock = first.clock_snapshot.clocks.add()
+        clock.clock_id, clock.timestamp = clock_id, window.window_start_ns
+    _add_tracks(builder, window, tracks, seq)
+    _add_steps_and_phases(builder, window.steps, tracks, seq)
+    _add_stacks(builder, window.stacks, tracks, seq)
+    return builder.serialize()
+
+
+def _trace_chunks(window: WindowTrace) -> list[bytes | np.ndarray]:
+    """The trace as byte chunks whose concatenation is a serialized ``Trace``."""
+    kernels = _group_kernels(window)
+    threads = sorted({_get(r, "thread") or "" for r in window.stacks})
+    tracks = _Tracks(kernels.streams, threads)
+    used = np.flatnonzero(np.bincount(kernels.name, minlength=len(window.names)))
+    name_iid = np.zeros(len(window.names), dtype=np.int64)
+    name_iid[used] = _fixed_width_base(len(used)) + np.arange(len(used))
+    names = [(int(name_iid[i]), window.names[i]) for i in used]
+    chunks: list[bytes | np.ndarray] = [_header(window, tracks, _SEQUENCE, names)]
+    if len(kernels.start):
+        chunks.append(_kernel_packets(kernels, name_iid, list(tracks.stream.values()),
+                                      _SEQUENCE))
+    return chunks

@@ -1,0 +1,182 @@
+"""Benchmark: one processor process under a loopback load of columnar kernel batches.
+
+    python bench/processor.py [--seconds 60] [--ranks 8] [--json]
+
+Starts ``argus processor`` (file store and spool in a temporary directory) as one process,
+then posts gzip NDJSON bodies, each one ``kernels`` record of 10,000 kernels, round-robin over
+--ranks ranks, with record time advancing 50 ms per batch so 60 s windows keep closing while
+the load runs. 503 answers are retried after Retry-After, as Vector does. At the end the
+processor gets SIGTERM and drains. Fields: ``events_per_s`` (kernel events accepted and
+written, over the load's wall time), ``rss_growth_mb`` (processor RSS at the end of the load
+minus after a warm-up of a quarter of it), ``lost`` (acknowledged events minus events
+written to Perfetto windows), plus how many windows and files were written.
+Baseline measured in the same run: the load generator alone against a server that
+only reads the body (``/healthz`` style), i.e. what loopback HTTP itself can carry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import numpy as np
+import orjson
+
+BATCH = 10_000
+T0 = 1_790_000_000_000_000_000
+NAMES = [f"sm90_xmma_gemm_{i}" for i in range(40)] + [f"ncclDevKernel_AllReduce_{i}"
+                                                      for i in range(8)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def body_for(rng: np.random.Generator, rank: int, t_ns: int) -> bytes:
+    """One gzip NDJSON body: a kernels record of BATCH kernels starting at t_ns."""
+    name = rng.integers(0, len(NAMES), BATCH).astype(np.int32)
+    dur = (np.exp(rng.normal(np.log(2e4), 0.5, BATCH)) * (1 + 4 * (name >= 40))).astype(
+        np.int64)
+    start = t_ns + np.sort(rng.integers(0, 50_000_000, BATCH))
+    stream = np.where(name >= 40, 13, 7).astype(np.int64)
+    record = {"v": 1, "kind": "kernels", "job": "bench", "rank": rank, "names": NAMES,
+              "name": name, "stream": stream, "start_ns": start, "dur_ns": dur}
+    return gzip.compress(orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n", 1)
+
+
+def scrape(port: int) -> dict[str, float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    out = {}
+    for line in text.decode().splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def wait_ready(port: int, timeout: float = 30) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("processor did not start")
+
+
+def load(port: int, seconds: float, ranks: int, path: str = "/v1/records") -> dict:
+    """Post batches for ``seconds``; returns acknowledged events and timing."""
+    rng = np.random.default_rng(0)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Content-Type": "application/x-ndjson", "Content-Encoding": "gzip"}
+    acked = retries = posts = 0
+    t_ns = [T0] * ranks
+    rss_warm = None
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        rank = posts % ranks
+        body = body_for(rng, rank, t_ns[rank])
+        while True:
+            conn.request("POST", path, body=body, headers=headers)
+            response = conn.getresponse()
+            response.read()
+            if response.status != 503:
+                break
+            retries += 1
+            time.sleep(float(response.getheader("Retry-After", "1")))
+        if response.status == 200:
+            acked += BATCH
+        t_ns[rank] += 50_000_000
+        posts += 1
+        if rss_warm is None and time.perf_counter() - start > seconds / 4 and path != "/sink":
+            rss_warm = scrape(port).get("process_resident_memory_bytes", 0)
+    elapsed = time.perf_counter() - start
+    rss_end = scrape(port).get("process_resident_memory_bytes", 0) if path != "/sink" else 0
+    return {"acked": acked, "posts": posts, "retries": retries, "seconds": elapsed,
+            "rss_warm": rss_warm or 0, "rss_end": rss_end}
+
+
+def baseline(seconds: float, ranks: int) -> float:
+    """Events/s the generator and loopback HTTP carry to a server that only reads bodies."""
+    from aiohttp import web
+
+    port = free_port()
+    code = (
+        "from aiohttp import web\n"
+        "async def sink(r):\n    await r.read()\n    return web.Response(text='ok')\n"
+        "app = web.Application(client_max_size=1 << 26)\n"
+        "app.router.add_post('/sink', sink)\n"
+        "app.router.add_get('/healthz', lambda r: web.Response(text='ok'))\n"
+        f"web.run_app(app, host='127.0.0.1', port={port}, print=None)\n")
+    del web
+    server = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        wait_ready(port)
+        result = load(port, seconds, ranks, path="/sink")
+    finally:
+        server.terminate()
+        server.wait(10)
+    return result["acked"] / result["seconds"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    work = tempfile.mkdtemp(prefix="argus-bench-")
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "argus_core.cli", "processor",
+                             "--listen", f"127.0.0.1:{port}", "--store", f"file://{work}/store",
+                             "--spool", f"{work}/spool"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_ready(port)
+        result = load(port, args.seconds, args.ranks)
+        before_drain = scrape(port)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    files = [os.path.join(d, f) for d, _, fs in os.walk(f"{work}/store") for f in fs]
+    written = _kernels_written(err.decode(errors="replace"))
+    base = baseline(min(args.seconds, 15), args.ranks)
+    out = {"seconds": result["seconds"], "posted_events": result["acked"],
+           "events_per_s": result["acked"] / result["seconds"],
+           "rss_growth_mb": (result["rss_end"] - result["rss_warm"]) / 2**20,
+           "rss_end_mb": result["rss_end"] / 2**20,
+           "lost": result["acked"] - written if written is not None else None,
+           "events_written": written, "files": len(files), "retries_503": result["retries"],
+           "accepted_before_drain": before_drain.get("argus_processor_kernel_events_total"),
+           "baseline_loopback_events_per_s": base,
+           "ratio_to_loopback": result["acked"] / result["seconds"] / base}
+    print(json.dumps(out) if args.json else json.dumps(out, indent=1))
+    return 0
+
+
+def _kernels_written(log: str) -> int | None:
+    """The processor logs its totals when it has drained; read them back."""
+    for line in reversed(log.splitlines()):
+        if "drained:" in line and "kernel_events_written=" in line:
+            return int(line.split("kernel_events_written=")[1].split()[0])
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

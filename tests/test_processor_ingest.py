@@ -1,0 +1,147 @@
+"""Processor intake: body decoding, per-record validation, and windows on record time."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import orjson
+import pytest
+from backports import zstd
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from argus_core.processor.ingest import BodyError, decode_body, parse_body
+from argus_core.processor.windows import WindowStore
+from argus_core.schema import parse_record
+
+W = 60_000_000_000  # 60 s
+
+
+def kernels(rank=0, start=0, n=5, job="j"):
+    return {"v": 1, "kind": "kernels", "job": job, "rank": rank, "names": ["gemm", "nccl"],
+            "name": [i % 2 for i in range(n)], "stream": [7] * n,
+            "start_ns": [start + i * 1000 for i in range(n)], "dur_ns": [500] * n}
+
+
+def ndjson(*records) -> bytes:
+    return b"".join(orjson.dumps(r) + b"\n" for r in records)
+
+
+@pytest.mark.parametrize("encoding, compress", [
+    ("gzip", gzip.compress), ("zstd", zstd.compress),
+    ("", lambda b: b), ("", gzip.compress),  # unlabelled gzip is sniffed
+])
+def test_bodies_decode(encoding, compress):
+    """gzip, zstd and plain bodies decode to the same bytes."""
+    body = ndjson(kernels())
+    assert decode_body(compress(body), encoding, 1 << 20) == body
+
+
+def test_decompression_bomb_is_refused():
+    """A small gzip body that inflates past the limit is a 413, without inflating it all."""
+    bomb = gzip.compress(b"\n" * (50 << 20))
+    with pytest.raises(BodyError) as exc:
+        decode_body(bomb, "gzip", 1 << 20)
+    assert exc.value.status == 413
+
+
+@pytest.mark.parametrize("body, encoding, status", [
+    (b"not gzip", "gzip", 400), (b"x", "br", 415), (b"x" * 100, "", 413),
+])
+def test_bad_bodies(body, encoding, status):
+    """Corrupt or unsupported encodings and oversized bodies get the right status."""
+    with pytest.raises(BodyError) as exc:
+        decode_body(body, encoding, 50)
+    assert exc.value.status == status
+
+
+def test_ndjson_and_json_array_are_both_accepted():
+    """Vector's newline-delimited and array framings carry the same records."""
+    records = [kernels(0), kernels(1)]
+    a = parse_body(ndjson(*records))
+    b = parse_body(orjson.dumps(records))
+    assert len(a.records) == len(b.records) == 2 and a.rejected == b.rejected == 0
+
+
+def test_bad_records_are_named_and_the_rest_kept():
+    """Malformed JSON, unknown kind and negative durations: errors name line and field."""
+    bad = kernels()
+    bad["dur_ns"][2] = -1
+    body = ndjson(kernels()) + b"{oops\n" + ndjson({"v": 1, "kind": "nope", "job": "j",
+                                                    "rank": 0}, bad, kernels(1))
+    result = parse_body(body)
+    assert len(result.records) == 2
+    assert result.rejected == 3
+    assert result.errors[0].startswith("line 2: json")
+    assert result.errors[1].startswith("line 3: kind")
+    assert result.errors[2].startswith("line 4: dur_ns[2]")
+    assert parse_body(b'[{"v": 1}, ' + orjson.dumps(kernels()) + b"]").errors[0].startswith(
+        "item 1: kind")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=300))
+def test_arbitrary_bytes_never_crash(blob):
+    """Fuzz: any body yields accepted records plus named rejects, never an exception."""
+    result = parse_body(blob)
+    assert result.rejected + len(result.records) >= 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(st.integers(-5, 2**64), st.floats(allow_nan=True), st.text(max_size=3),
+                          st.booleans(), st.none()), min_size=1, max_size=6))
+def test_fuzzed_kernel_columns_are_rejected_or_exact(values):
+    """Any value in dur_ns: the record is either rejected with a named field or kept exactly."""
+    rec = kernels(n=len(values))
+    rec["dur_ns"] = values
+    result = parse_body(json.dumps(rec).encode())  # stdlib json: writes NaN and huge ints
+    if result.records:
+        assert result.records[0].dur_ns.tolist() == [int(v) for v in values]
+    else:
+        assert result.errors[0].split(": ")[1] in ("json", "dur_ns") or "dur_ns[" in \
+            result.errors[0]
+
+
+def test_kernel_batch_split_across_windows():
+    """A batch straddling a window edge is split by kernel start time."""
+    store = WindowStore(60, 10)
+    store.add(parse_record(kernels(start=W - 2500, n=5)))  # 3 before the edge, 2 after
+    assert sorted(w.events for w in store.open.values()) == [2, 3]
+    assert store.buffered_events == 5
+
+
+def test_windows_close_on_watermark_and_late_records_are_counted():
+    """A window closes once records pass its end + grace; later records for it are late."""
+    store = WindowStore(60, 10)
+    store.add(parse_record(kernels(start=5 * W + 1)))
+    assert store.due(now=0) == []
+    store.add(parse_record(kernels(start=6 * W + 11_000_000_000)))  # past end + grace
+    closed = store.due(now=0)
+    assert [(c.start_ns, len(c.name)) for c in closed] == [(5 * W, 5)]
+    assert store.add(parse_record(kernels(start=5 * W + 7))) == 5
+    assert store.late == 5 and store.buffered_events == 5
+
+
+def test_idle_windows_close_in_wall_time():
+    """A rank that stops sending still gets its window closed after window + grace seconds."""
+    store = WindowStore(60, 10)
+    store.add(parse_record(kernels(start=W)))
+    assert store.due(now=10**9) and not store.open
+
+
+def test_closed_window_carries_identity_steps_and_stacks():
+    """Steps, stack samples and the rank's host come out with the window's kernels."""
+    store = WindowStore(60, 10)
+    store.add(parse_record({"v": 1, "kind": "rank", "job": "j", "rank": 0, "world_size": 2,
+                            "host": "node-9"}))
+    store.add(parse_record(kernels(start=W + 1)))
+    store.add(parse_record({"v": 1, "kind": "step", "job": "j", "rank": 0, "step": 3,
+                            "t_ns": W + 5, "wall_s": 0.4, "gpu_s": 0.3, "phases": {"mlp": 0.1}}))
+    store.add(parse_record({"v": 1, "kind": "stack", "job": "j", "rank": 0, "t_ns": W + 9,
+                            "thread": "MainThread", "frames": ["a.py:f:1"]}))
+    (window,) = store.close_all()
+    assert window.host == "node-9" and len(window.steps) == 1 and len(window.stacks) == 1
+    assert window.names[window.name[0]] == "gemm"
+    np.testing.assert_array_equal(window.start, [W + 1 + i * 1000 for i in range(5)])

@@ -1,0 +1,318 @@
+"""The processor over real HTTP: Vector-format bodies in, /metrics summaries and Perfetto files
+out (local directory and a real moto S3), bad input, backpressure, auth, SIGTERM drain, and an
+S3 outage mid-run."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client.parser import text_string_to_metric_families
+
+from argus_core.processor.service import SERVER_OPTIONS, Processor, ProcessorConfig, build_app
+from argus_core.processor.store import open_store, parse_key
+
+W = 60_000_000_000
+T0 = 1_795_003_200_000_000_000  # a whole minute
+
+
+def kernel_batch(rank: int, start: int, n: int = 400, job: str = "llm", seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed + rank)
+    name = rng.integers(0, 3, n)
+    return {"v": 1, "kind": "kernels", "job": job, "rank": rank,
+            "names": ["sm90_gemm", "flash_fwd", "ncclDevKernel_AllReduce"],
+            "name": name.tolist(), "stream": np.where(name == 2, 13, 7).tolist(),
+            "start_ns": (start + np.arange(n) * 1_000_000).tolist(),  # 1 ms apart: no overlap
+            "dur_ns": (rng.lognormal(np.log(5e4), 0.2, n) * (1 + 9 * (name == 2))).astype(
+                int).tolist()}
+
+
+def ndjson_gz(*records: dict) -> bytes:
+    return gzip.compress(b"".join(orjson.dumps(r) + b"\n" for r in records))
+
+
+def slices_in(trace_gz: bytes) -> list[tuple[int, int, str]]:
+    """(start, end, name) of every kernel slice in a Perfetto file, parsed with its protos."""
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
+
+    trace = Trace.FromString(gzip.decompress(trace_gz))
+    names: dict[int, str] = {}
+    tracks: dict[int, str] = {}
+    open_slices: dict[int, list[tuple[int, str]]] = {}
+    out = []
+    for packet in trace.packet:
+        if packet.HasField("track_descriptor"):
+            tracks[packet.track_descriptor.uuid] = packet.track_descriptor.name
+        for entry in packet.interned_data.event_names:
+            names[entry.iid] = entry.name
+        if not packet.HasField("track_event"):
+            continue
+        event = packet.track_event
+        if not tracks.get(event.track_uuid, "").startswith("stream"):
+            continue
+        name = names.get(event.name_iid, event.name)
+        if event.type == TrackEvent.TYPE_SLICE_BEGIN:
+            open_slices.setdefault(event.track_uuid, []).append((packet.timestamp, name))
+        elif event.type == TrackEvent.TYPE_SLICE_END:
+            start, name = open_slices[event.track_uuid].pop()
+            out.append((start, packet.timestamp, name))
+    return sorted(out)
+
+
+def expected_slices(*batches: dict) -> list[tuple[int, int, str]]:
+    return sorted((s, s + d, b["names"][n]) for b in batches
+                  for s, d, n in zip(b["start_ns"], b["dur_ns"], b["name"], strict=True))
+
+
+def config(tmp_path: Path, **overrides) -> ProcessorConfig:
+    return ProcessorConfig(store=f"file://{tmp_path}/store", spool_dir=str(tmp_path / "spool"),
+                           window_s=60, grace_s=5, **overrides)
+
+
+def run(processor: Processor, scenario) -> None:
+    """Run ``scenario(client)`` against the app on a real loopback port, then shut down."""
+    async def main():
+        server = TestServer(build_app(processor))
+        await server.start_server(**SERVER_OPTIONS)  # the options serve() runs with
+        client = TestClient(server)
+        await client.start_server()
+        try:
+            await scenario(client)
+        finally:
+            await client.close()  # runs on_shutdown: the drain
+
+    asyncio.run(main())
+
+
+def post(client, body: bytes, **headers):
+    return client.post("/v1/records", data=body,
+                       headers={"Content-Type": "application/x-ndjson",
+                                "Content-Encoding": "gzip", **headers})
+
+
+def test_posted_kernels_come_out_as_summaries_and_exact_perfetto_files(tmp_path):
+    """Two ranks' kernels in Vector's body format: /metrics shows their cluster summaries and
+    each (rank, window) Perfetto file holds exactly the posted kernels."""
+    processor = Processor(config(tmp_path))
+    batches = [kernel_batch(r, T0 + 1000 + i * 1_000_000_000, seed=i) for r in (0, 1)
+               for i in range(3)]
+    late = [kernel_batch(r, T0 + W + 6_000_000_000, n=10) for r in (0, 1)]  # closes window 0
+    metrics = {}
+
+    async def scenario(client):
+        rank = {"v": 1, "kind": "rank", "job": "llm", "rank": 0, "world_size": 2,
+                "host": "node-3", "coords": {"dp": 0}}
+        response = await post(client, ndjson_gz(rank, *batches))
+        assert response.status == 200
+        assert await response.json() == {"accepted": 7, "rejected": 0}
+        response = await post(client, ndjson_gz(*late))
+        assert response.status == 200
+        processor.close_due()
+        for _ in range(100):
+            if processor.windows_written >= 2:
+                break
+            await asyncio.sleep(0.05)
+        text = await (await client.get("/metrics")).text()
+        metrics.update({f.name: f for f in text_string_to_metric_families(text)})
+
+    run(processor, scenario)
+    quantiles = metrics["argus_kernel_duration_seconds"].samples
+    ranks = {s.labels["rank"] for s in quantiles}
+    kernels = {s.labels["kernel"] for s in quantiles}
+    assert ranks == {"0", "1"} and kernels == {"sm90_gemm", "flash_fwd",
+                                                "ncclDevKernel_AllReduce"}
+    executions = sum(s.value for s in metrics["argus_kernel_executions"].samples)
+    assert executions == sum(len(b["name"]) for b in batches)
+    info = metrics["argus_rank_info"].samples[0].labels
+    assert info["host"] == "node-3"
+    store = open_store(f"file://{tmp_path}/store")
+    files = {parse_key(o.key).rank: o.key for o in store.list()
+             if parse_key(o.key).window_start_ns == T0}
+    assert set(files) == {0, 1}
+    for rank in (0, 1):
+        got = slices_in(store.get(files[rank]))
+        assert got == expected_slices(*[b for b in batches if b["rank"] == rank])
+    assert processor.kernel_events_written == sum(len(b["name"]) for b in [*batches, *late])
+
+
+def test_json_array_bodies_zstd_and_partial_rejects(tmp_path):
+    """A JSON array (codec json, no framing) in zstd is accepted; bad records get a 400 that
+    names line/field and says how many were kept; the good ones are kept."""
+    from backports import zstd
+
+    processor = Processor(config(tmp_path))
+    bad = kernel_batch(0, T0)
+    bad["dur_ns"][3] = -7
+
+    async def scenario(client):
+        body = zstd.compress(orjson.dumps([kernel_batch(0, T0)]))
+        response = await client.post("/v1/records", data=body,
+                                      headers={"Content-Encoding": "zstd"})
+        assert (response.status, (await response.json())["accepted"]) == (200, 1)
+        response = await post(client, ndjson_gz(kernel_batch(1, T0), bad,
+                                                {"v": 1, "kind": "mystery", "job": "llm",
+                                                 "rank": 0}))
+        answer = await response.json()
+        assert response.status == 400
+        assert answer["accepted"] == 1 and answer["rejected"] == 2
+        assert answer["errors"] == ["line 2: dur_ns[3]: must be >= 0, got -7",
+                                    "line 3: kind: unknown kind 'mystery' (known: rank, step, "
+                                    "kernels, stack)"]
+
+    run(processor, scenario)
+    assert processor.records_in == 2 and processor.rejected == {"dur_ns": 1, "kind": 1}
+
+
+def test_path_like_job_names_stay_inside_the_store(tmp_path):
+    """A job named '../../etc' is stored under a safe key inside the store directory."""
+    processor = Processor(config(tmp_path))
+
+    async def scenario(client):
+        assert (await post(client, ndjson_gz(kernel_batch(0, T0, job="../../etc")))).status \
+            == 200
+
+    run(processor, scenario)
+    files = [p for p in (tmp_path / "store").rglob("*") if p.is_file()]
+    assert len(files) == 1 and files[0].resolve().is_relative_to((tmp_path / "store").resolve())
+    assert parse_key(files[0].relative_to(tmp_path / "store").as_posix()).job == "../../etc"
+
+
+@pytest.mark.parametrize("headers, body, status", [
+    ({"Content-Encoding": "br"}, b"x", 415),
+    ({"Content-Encoding": "gzip"}, b"definitely not gzip", 400),
+])
+def test_bad_bodies_are_refused_and_the_service_goes_on(tmp_path, headers, body, status):
+    """Undecodable bodies get a 4xx naming the problem; a good post afterwards still works."""
+    processor = Processor(config(tmp_path))
+
+    async def scenario(client):
+        response = await client.post("/v1/records", data=body, headers=headers)
+        assert response.status == status and "error" in await response.json()
+        assert (await post(client, ndjson_gz(kernel_batch(0, T0)))).status == 200
+
+    run(processor, scenario)
+
+
+def test_oversized_body_is_413(tmp_path):
+    """A decompressed body beyond the limit is refused, and counted."""
+    processor = Processor(config(tmp_path, max_body_bytes=4096))
+
+    async def scenario(client):
+        response = await post(client, ndjson_gz(*[kernel_batch(0, T0)] * 5))
+        assert response.status == 413
+
+    run(processor, scenario)
+    assert processor.rejected["body"] == 1
+
+
+def test_bearer_token(tmp_path):
+    """With a token configured, a missing or wrong one is a 401; the right one passes."""
+    processor = Processor(config(tmp_path, token="s3cret"))
+
+    async def scenario(client):
+        body = ndjson_gz(kernel_batch(0, T0))
+        assert (await post(client, body)).status == 401
+        assert (await post(client, body, Authorization="Bearer nope")).status == 401
+        assert (await post(client, body, Authorization="Bearer s3cret")).status == 200
+
+    run(processor, scenario)
+
+
+def test_backpressure_answers_503_with_retry_after(tmp_path):
+    """Past the buffered-events bound: 503 + Retry-After, /readyz not ready; healthz stays ok."""
+    processor = Processor(config(tmp_path, max_buffered_events=500))
+
+    async def scenario(client):
+        assert (await post(client, ndjson_gz(kernel_batch(0, T0, n=600)))).status == 200
+        response = await post(client, ndjson_gz(kernel_batch(0, T0)))
+        assert response.status == 503 and response.headers["Retry-After"] == "2"
+        assert (await client.get("/readyz")).status == 503
+        assert (await client.get("/healthz")).status == 200
+
+    run(processor, scenario)
+    assert processor.kernel_events_written == 600  # nothing refused was half-taken
+
+
+# -- the real service process ----------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_processor(tmp_path: Path, store: str, env: dict | None = None) -> tuple:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "argus_core.cli", "processor", "--listen", f"127.0.0.1:{port}",
+         "--store", store, "--spool", str(tmp_path / "spool"), "--window", "60",
+         "--grace", "1"], env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
+            return proc, port
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(proc.stdout.read().decode())
+
+
+def http_post(port: int, body: bytes) -> int:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/records", data=body,
+                                     headers={"Content-Encoding": "gzip"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.status
+
+
+def test_sigterm_writes_every_open_window(tmp_path):
+    """SIGTERM: open windows are closed, written and uploaded before the process exits."""
+    proc, port = start_processor(tmp_path, f"file://{tmp_path}/store")
+    batches = [kernel_batch(r, T0 + i * W, n=50) for r in range(3) for i in range(2)]
+    assert http_post(port, ndjson_gz(*batches)) == 200
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=60)[0].decode()
+    assert proc.returncode == 0, output
+    assert "drained: windows=6 kernel_events_written=300" in output
+    keys = [o.key for o in open_store(f"file://{tmp_path}/store").list()]
+    assert len(keys) == 6
+
+
+def test_s3_outage_mid_run_loses_no_window(tmp_path, s3):
+    """S3 stops while windows are written: uploads spool; after S3 returns, every window's
+    file is in the bucket with exactly its kernels."""
+    env = {k: os.environ[k] for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
+                                       "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    proc, port = start_processor(tmp_path, s3.url("traces"), env)
+    first = [kernel_batch(r, T0, n=80) for r in range(2)]
+    assert http_post(port, ndjson_gz(*first)) == 200
+    s3.server.stop()
+    later = [kernel_batch(r, T0 + W * i, n=80, seed=i) for r in range(2) for i in (1, 2)]
+    assert http_post(port, ndjson_gz(*later)) == 200  # closes window 0 (and later, window 1)
+    time.sleep(3)  # windows are written while S3 is down: they wait in the spool
+    s3.server.start()
+    s3.create_bucket()
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=120)[0].decode()
+    assert proc.returncode == 0, output
+    objects = s3.objects()
+    assert len(objects) == 2 * 3, output
+    by_window = {}
+    for key, data in objects.items():
+        ref = parse_key(key)
+        by_window[(ref.rank, ref.window_start_ns)] = data
+    for batch in [*first, *later]:
+        window = T0 + (batch["start_ns"][0] - T0) // W * W
+        assert slices_in(by_window[(batch["rank"], window)]) == expected_slices(batch)
