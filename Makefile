@@ -23,6 +23,9 @@ bench: $(STAMP)
 	$(BIN)/python bench/compress.py
 	$(BIN)/python bench/score.py
 	$(BIN)/python bench/diagnose.py
+	$(BIN)/python bench/exporter_cpu.py
+	$(BIN)/python bench/perfetto_write.py
+	$(BIN)/python bench/processor.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

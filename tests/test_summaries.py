@@ -52,3 +52,19 @@ def test_exposition_is_valid_prometheus_text():
                  and q.labels["kernel"] == s.names[s.kernel[0]])
     assert first.value == pytest.approx(s.p50_ns[0] * 1e-9)
     assert {q.labels["job"] for q in quantiles} == {"llm"}
+
+
+def test_top_kernels_bounds_series_per_rank():
+    """Only each rank's k kernels with the most total time are kept (all their clusters)."""
+    from argus_core.simulate.summaries import synthetic_summaries
+    from argus_core.summaries import top_kernels
+
+    s = synthetic_summaries(3, n_kernels=10)
+    kept = top_kernels(s, 4)
+    for rank in range(3):
+        mine = kept.rank == rank
+        assert len(set(kept.kernel[mine].tolist())) == 4
+        total = {k: s.sum_ns[(s.rank == rank) & (s.kernel == k)].sum() for k in range(10)}
+        best = sorted(total, key=total.get, reverse=True)[:4]
+        assert set(kept.kernel[mine].tolist()) == set(best)
+    assert len(top_kernels(s, 100)) == len(s)

@@ -28,7 +28,8 @@ def register(commands) -> None:
     p.add_argument("--grace", type=float, default=10.0, metavar="SECONDS",
                    help="how long a window waits for late records")
     p.add_argument("--max-body-mb", type=int, default=64, help="decompressed body limit")
-    p.add_argument("--max-buffered-events", type=int, default=20_000_000)
+    p.add_argument("--max-buffered-events", type=int, default=40_000_000,
+                   help="kernel events held in memory before answering 503 (~28 B each)")
     p.add_argument("--top-k", type=int, default=32, help="kernels per rank on /metrics")
     p.add_argument("--token-env", default="ARGUS_PROCESSOR_TOKEN", metavar="VAR",
                    help="environment variable holding the bearer token (unset: no auth)")

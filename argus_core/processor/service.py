@@ -46,7 +46,7 @@ class ProcessorConfig:
     window_s: float = 60.0
     grace_s: float = 10.0
     max_body_bytes: int = 64 << 20  # decompressed
-    max_buffered_events: int = 20_000_000  # ~600 MB of kernel columns
+    max_buffered_events: int = 40_000_000  # ~1.1 GB of kernel columns
     max_pending_windows: int = 64  # closed windows waiting to be written
     top_k: int = 32
     retry_after_s: int = 2
@@ -65,6 +65,7 @@ class Processor:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="argus-writer")
         self._lock = threading.Lock()  # windows are touched by the loop and by shutdown
         self.pending_windows = 0
+        self.pending_events = 0  # kernel events of closed windows not yet written
         self.draining = False
         self.records_in = 0
         self.kernel_events_in = 0
@@ -78,7 +79,8 @@ class Processor:
     # -- intake ---------------------------------------------------------------------------
     def overloaded(self) -> bool:
         """True when more records would push memory past its bounds."""
-        return (self.windows.buffered_events >= self.config.max_buffered_events
+        held = self.windows.buffered_events + self.pending_events
+        return (held >= self.config.max_buffered_events
                 or self.pending_windows >= self.config.max_pending_windows)
 
     def ingest(self, body: bytes, encoding: str | None) -> tuple[int, dict]:
@@ -114,6 +116,7 @@ class Processor:
         with self._lock:
             ready = self.windows.close_all() if everything else self.windows.due()
             self.pending_windows += len(ready)
+            self.pending_events += sum(len(w.name) for w in ready)
         return [self._writer.submit(self._write, window) for window in ready]
 
     def _write(self, window: ClosedWindow) -> None:
@@ -126,7 +129,9 @@ class Processor:
             logger.exception("argus processor: could not write window %s/%s@%s",
                              window.job, window.rank, window.start_ns)
         finally:
-            self.pending_windows -= 1
+            with self._lock:
+                self.pending_windows -= 1
+                self.pending_events -= len(window.name)
 
     def write_window(self, window: ClosedWindow) -> None:
         """Compress the window's kernels for /metrics and store its Perfetto file."""
@@ -137,7 +142,8 @@ class Processor:
             table = KernelTable(np.full(len(window.name), window.rank, dtype=np.int64),
                                 window.name, window.stream, window.start, window.dur,
                                 window.names)
-            summary = summarize_kernels(table, window.window_ns / 1e9)
+            summary = summarize_kernels(table, window.window_ns / 1e9,
+                                        window_index=window.start_ns // window.window_ns)
             self.latest[(window.job, window.rank)] = (
                 window.start_ns, top_kernels(summary, self.config.top_k))
         trace = WindowTrace(
@@ -170,7 +176,8 @@ class Processor:
         from argus_core.summaries import summary_families
 
         by_job: dict[str, list[KernelSummary]] = {}
-        for (job, _), (_, summary) in sorted(self.latest.items()):
+        latest = dict(self.latest)  # one C-level copy: the writer thread inserts concurrently
+        for (job, _), (_, summary) in sorted(latest.items(), key=lambda item: item[0]):
             by_job.setdefault(job, []).append(summary)
         for job, summaries in by_job.items():
             yield from summary_families(_concat(summaries), job)
@@ -203,8 +210,9 @@ class Processor:
         yield rejected
         yield gauge("argus_processor_open_windows", "Windows buffering records.",
                     len(self.windows.open))
-        yield gauge("argus_processor_buffered_kernel_events", "Kernel events held in memory.",
-                    self.windows.buffered_events)
+        yield gauge("argus_processor_buffered_kernel_events",
+                    "Kernel events held in memory (open windows and windows being written).",
+                    self.windows.buffered_events + self.pending_events)
         yield gauge("argus_processor_pending_windows", "Closed windows waiting to be written.",
                     self.pending_windows)
         yield counter("argus_processor_windows_written", "Windows compressed and stored.",
@@ -329,8 +337,31 @@ async def _drain(app: web.Application) -> None:
     await asyncio.get_running_loop().run_in_executor(None, processor.drain)
 
 
+def tune_malloc() -> None:
+    """Make freed kernel columns go back to the OS (glibc only; a no-op elsewhere).
+
+    Request batches are many ~80 KB arrays: below glibc's default mmap threshold they come
+    from heap arenas that fragment and never shrink, so RSS would creep although the data
+    held is bounded. Serving them from mmap (threshold 32 KB) and capping the arenas keeps
+    RSS tracking what is actually held.
+    """
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(name)
+        m_mmap_threshold, m_arena_max = -3, -8
+        libc.mallopt(m_mmap_threshold, 32 * 1024)
+        libc.mallopt(m_arena_max, 2)
+
+
 def serve(config: ProcessorConfig) -> None:
     """Run until SIGTERM or SIGINT, then drain."""
+    tune_malloc()
     processor = Processor(config)
     web.run_app(build_app(processor), host=config.host, port=config.port,
-                print=lambda msg: logger.info(msg), handle_signals=True, **SERVER_OPTIONS)
+                print=lambda msg: logger.info(msg), handle_signals=True, access_log=None,
+                **SERVER_OPTIONS)

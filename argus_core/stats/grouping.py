@@ -26,8 +26,11 @@ def dense_ids(*columns: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
         return _ids_by_sorting(columns)
     key = np.zeros(n, dtype=np.int64)
     for column, offset, radix in zip(columns, offsets, radices, strict=True):
+        if radix == 1:  # a constant column adds nothing to the key (and costs a pass)
+            continue
         key *= radix
-        key += column.astype(np.int64) - offset
+        key += column
+        key -= offset
     if space <= _DENSE_TABLE_FACTOR * n + 4096:
         present = np.bincount(key, minlength=space) > 0
         lookup = np.cumsum(present) - 1
