@@ -60,64 +60,56 @@ class StepMetrics:
 
         base = self.identity.labels()
         names, values = list(base), list(base.values())
-
-        def family(kind, name, doc, extra=()):
-            return kind(name, doc, labels=[*names, *extra])
-
-        steps = family(CounterMetricFamily, "argus_steps", "Training steps completed.")
-        steps.add_metric(values, self.steps)
-        wall = family(CounterMetricFamily, "argus_step_seconds",
-                      "Host wall time of completed steps.")
-        wall.add_metric(values, self.wall_total)
-        gpu = family(CounterMetricFamily, "argus_step_gpu_seconds",
-                     "Device time of completed steps.")
-        gpu.add_metric(values, self.gpu_total)
-        phase = family(CounterMetricFamily, "argus_phase_seconds",
-                       "Device time per phase of completed steps.", ["phase"])
-        for name, seconds in sorted(self.phase_total.items()):
-            phase.add_metric([*values, name], seconds)
-        walls, phase_windows = self.window()
-        step_window = family(GaugeMetricFamily, "argus_step_window_seconds",
-                             "Step wall time over the last N steps.", ["stat"])
-        phase_window = family(GaugeMetricFamily, "argus_phase_window_seconds",
-                              "Phase time over the last N steps.", ["phase", "stat"])
-        for stat, value in _stats(walls):
-            step_window.add_metric([*values, stat], value)
-        for name, series in sorted(phase_windows.items()):
-            for stat, value in _stats(series):
-                phase_window.add_metric([*values, name, stat], value)
-        yield from (steps, wall, gpu, phase, step_window, phase_window)
-        yield from self._health(family, values)
-
-    def _health(self, family, values):
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
         h = self.health
-        depth = family(GaugeMetricFamily, "argus_exporter_queue_depth",
-                       "Records waiting in the shipper queue.")
-        depth.add_metric(values, self.queue_depth())
-        dropped = family(CounterMetricFamily, "argus_exporter_dropped_records",
-                         "Records dropped, by reason.", ["reason"])
-        for reason, n in sorted(h.dropped.items()):
-            dropped.add_metric([*values, reason], n)
-        shipped = family(CounterMetricFamily, "argus_exporter_shipped_bytes",
-                         "Bytes delivered to the sink.")
-        shipped.add_metric(values, h.bytes_shipped)
-        records = family(CounterMetricFamily, "argus_exporter_shipped_records",
-                         "Records delivered to the sink.")
-        records.add_metric(values, h.records_shipped)
-        failures = family(CounterMetricFamily, "argus_exporter_export_failures",
-                          "Failed export attempts.")
-        failures.add_metric(values, h.export_failures)
-        cpu = family(CounterMetricFamily, "argus_exporter_cpu_seconds",
-                     "CPU time spent by the exporters (training thread and own threads).")
-        cpu.add_metric(values, h.cpu_seconds)
-        probes = family(GaugeMetricFamily, "argus_exporter_probe_up",
-                        "1 when a probe runs; 0 with the reason when it does not.",
-                        ["probe", "state", "reason"])
-        for probe, (state, reason) in sorted(h.probes.items()):
-            probes.add_metric([*values, probe, state, reason[:120]], 1.0 if state == "on" else 0)
-        yield from (depth, dropped, shipped, records, failures, cpu, probes)
+        counter, gauge = CounterMetricFamily, GaugeMetricFamily
+        single = (  # (kind, name, help, value): one series each
+            (counter, "argus_steps", "Training steps completed.", self.steps),
+            (counter, "argus_step_seconds", "Host wall time of completed steps.",
+             self.wall_total),
+            (counter, "argus_step_gpu_seconds", "Device time of completed steps.",
+             self.gpu_total),
+            (gauge, "argus_exporter_queue_depth", "Records waiting in the shipper queue.",
+             self.queue_depth()),
+            (counter, "argus_exporter_shipped_bytes", "Bytes delivered to the sink.",
+             h.bytes_shipped),
+            (counter, "argus_exporter_shipped_records", "Records delivered to the sink.",
+             h.records_shipped),
+            (counter, "argus_exporter_export_failures", "Failed export attempts.",
+             h.export_failures),
+            (counter, "argus_exporter_cpu_seconds",
+             "CPU time spent by the exporters (training thread and own threads).",
+             h.cpu_seconds),
+        )
+        for kind, name, doc, value in single:
+            family = kind(name, doc, labels=names)
+            family.add_metric(values, value)
+            yield family
+
+        walls, phase_windows = self.window()
+        labelled = {  # name -> (kind, help, extra labels, [(extra values, value)])
+            "argus_phase_seconds": (counter, "Device time per phase of completed steps.",
+                                    ["phase"], [([p], v) for p, v in
+                                                sorted(self.phase_total.items())]),
+            "argus_step_window_seconds": (gauge, "Step wall time over the last N steps.",
+                                          ["stat"], [([st], v) for st, v in _stats(walls)]),
+            "argus_phase_window_seconds": (
+                gauge, "Phase time over the last N steps.", ["phase", "stat"],
+                [([p, st], v) for p, series in sorted(phase_windows.items())
+                 for st, v in _stats(series)]),
+            "argus_exporter_dropped_records": (counter, "Records dropped, by reason.",
+                                               ["reason"], [([r], n) for r, n in
+                                                            sorted(h.dropped.items())]),
+            "argus_exporter_probe_up": (
+                gauge, "1 when a probe runs; 0 with the reason when it does not.",
+                ["probe", "state", "reason"],
+                [([p, state, reason[:120]], 1.0 if state == "on" else 0.0)
+                 for p, (state, reason) in sorted(h.probes.items())]),
+        }
+        for name, (kind, doc, extra, samples) in labelled.items():
+            family = kind(name, doc, labels=[*names, *extra])
+            for extra_values, value in samples:
+                family.add_metric([*values, *extra_values], value)
+            yield family
 
 
 def _stats(series: np.ndarray) -> list[tuple[str, float]]:

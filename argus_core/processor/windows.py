@@ -97,11 +97,13 @@ class WindowStore:
         if n == 0:
             return 0
         ids = self.names.ids(batch.names)[batch.name]
-        index = batch.start_ns // self.window_ns
-        first, last = int(index.min()), int(index.max())
+        first = int(batch.start_ns.min()) // self.window_ns
+        last = int(batch.start_ns.max()) // self.window_ns
+        # Most batches sit inside one window: only a straddling one pays a per-kernel divide.
+        index = None if first == last else batch.start_ns // self.window_ns
         late = 0
         for win in range(first, last + 1):
-            sel = slice(None) if first == last else index == win
+            sel = slice(None) if index is None else index == win
             window = self._window(batch.job, batch.rank, win)
             count = n if first == last else int(np.count_nonzero(sel))
             if count == 0:
