@@ -124,7 +124,9 @@ def test_posted_kernels_come_out_as_summaries_and_exact_perfetto_files(tmp_path)
             if processor.windows_written >= 2:
                 break
             await asyncio.sleep(0.05)
-        text = await (await client.get("/metrics")).text()
+        response = await client.get("/metrics", headers={"Accept-Encoding": "gzip"})
+        assert response.headers["Content-Encoding"] == "gzip"  # as Prometheus scrapes it
+        text = await response.text()
         metrics.update({f.name: f for f in text_string_to_metric_families(text)})
 
     run(processor, scenario)
