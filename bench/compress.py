@@ -20,10 +20,10 @@ from __future__ import annotations
 import argparse
 import gzip
 import itertools
-import json
 import time
 
 import numpy as np
+from _report import report
 from scipy.stats import gaussian_kde, wasserstein_distance
 
 from argus_core.stats.mixture import lognormal_params, mixture_quantile
@@ -170,12 +170,7 @@ def main() -> None:
     # Stress variant, reported not targeted: a 1% tail slowed 1.5-3x on top of 18-20% jitter.
     flat["w1_rel_error_stress"] = fidelity(tail_fraction=0.01, tail_factor=(1.5, 3.0),
                                            max_cv=0.2)["w1_rel_error"]
-    if args.json:
-        print(json.dumps(flat))
-    else:
-        for key, value in flat.items():
-            print(f"{key:>24}: {value:,.4g}" if isinstance(value, float) else
-                  f"{key:>24}: {value:,}")
+    report(flat, args.json)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _report import report
+
 from argus_core.simulate import SimConfig, parse_fault, simulate, write_records
 from argus_core.topology import Topology
 
@@ -54,11 +56,7 @@ def main() -> None:
     result = {"ranks": topology.world_size, "steps": args.steps, "input_mb": size / 2**20,
               "seconds": seconds, "json_parse_s": parse_s, "ratio_to_json_parse": seconds / parse_s,
               "straggler_found": [v["rank"] for v in doc["verdict"]] == [slow]}
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key:>20}: {value}")
+    report(result, args.json)
 
 
 if __name__ == "__main__":

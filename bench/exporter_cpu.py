@@ -14,7 +14,6 @@ continuous 10,000-step run with Argus on: ``self_us_per_step`` is the exporter's
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -23,6 +22,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # a deterministic, one-core 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
+from _report import report
 
 from argus_exporters.clock import HostClock
 from argus_exporters.config import Settings
@@ -91,11 +91,7 @@ def main() -> None:
               "rss_warm_mb": rss_warm, "rss_end_mb": rss_end,
               "rss_growth_mb": rss_end - rss_warm, "records_shipped": health.records_shipped,
               "dropped": dict(health.dropped)}
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key:>18}: {value}")
+    report(result, args.json)
 
 
 if __name__ == "__main__":

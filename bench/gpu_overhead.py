@@ -21,6 +21,7 @@ import tempfile
 import time
 
 import numpy as np
+from _report import report
 
 
 def build(torch, kind: str):
@@ -115,7 +116,7 @@ def main() -> int:
     result["exporter_cpu_s"] = tracer.health.cpu_seconds
     result["dropped"] = dict(tracer.health.dropped)
     result["records_shipped"] = tracer.health.records_shipped
-    print(json.dumps(result) if args.json else json.dumps(result, indent=1))
+    report(result, args.json)
     return 0
 
 

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import json
 import time
 from collections.abc import Callable
 
 import numpy as np
+from _report import report
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket, TrackEvent
 from perfetto.trace_builder.proto_builder import TraceProtoBuilder
 
@@ -144,11 +144,7 @@ def main() -> None:
     parser.add_argument("--baseline-events", type=int, default=20_000)
     args = parser.parse_args()
     result = run(args.events, args.streams, args.names, args.repeats, args.baseline_events)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key:>26}: {value:,.4g}" if isinstance(value, float) else f"{key:>26}: {value}")
+    report(result, args.json)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import http.client
-import json
 import os
 import signal
 import socket
@@ -33,6 +32,7 @@ import urllib.request
 
 import numpy as np
 import orjson
+from _report import report
 
 BATCH = 10_000
 STEP_NS = 250_000_000  # record time covered by one batch of one rank
@@ -204,7 +204,7 @@ def main() -> int:
            "accepted_before_drain": before_drain.get("argus_processor_kernel_events_total"),
            "baseline_loopback_events_per_s": base,
            "ratio_to_loopback": result["acked"] / result["seconds"] / base if base else None}
-    print(json.dumps(out) if args.json else json.dumps(out, indent=1))
+    report(out, args.json)
     return 0
 
 

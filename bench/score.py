@@ -13,10 +13,10 @@ ratio compares it with our scoring of the same ranks and kernel.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import numpy as np
+from _report import report
 
 from argus_core.detect.l3 import score_kernels
 from argus_core.simulate.summaries import synthetic_summaries
@@ -74,11 +74,7 @@ def main() -> None:
               "seconds_by_ranks": {str(k): round(v, 3) for k, v in times.items()},
               "baseline_ranks": args.baseline_ranks, "baseline_pairwise_s": base,
               "ours_same_ranks_s": ours, "speedup_vs_pairwise": base / ours}
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key:>30}: {value}")
+    report(result, args.json)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@ server on loopback (started once per session; outage tests stop and restart it).
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import boto3
 import orjson
 import pytest
+from support import free_port
 
 from argus_core.schema import parse_record
 from argus_core.simulate import simulate
@@ -37,12 +37,6 @@ def trace_of():
 
 
 MOTO_SERVER = Path(sys.executable).parent / "moto_server"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class MotoServer:
@@ -98,7 +92,7 @@ def moto():
     """One moto S3 server on a free loopback port for the whole session."""
     if not MOTO_SERVER.exists():
         pytest.skip("moto_server is not installed (pip install 'moto[server]')")
-    server = MotoServer(_free_port())
+    server = MotoServer(free_port())
     server.start()
     yield server
     server.stop()

@@ -13,6 +13,7 @@ from typing import ClassVar
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support import free_port
 
 from argus_core.reader import load_traces
 from argus_exporters import hooks
@@ -40,12 +41,6 @@ def run_steps(tracer, steps: int = 5, sleep: float = 0.0) -> None:
         with tracer.phase("dp-allreduce"):
             pass
         tracer.step()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- settings and identity ---------------------------------------------------------------

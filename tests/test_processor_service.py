@@ -8,7 +8,6 @@ import asyncio
 import gzip
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import orjson
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
+from support import free_port
 
 from argus_core.processor.service import SERVER_OPTIONS, Processor, ProcessorConfig, build_app
 from argus_core.processor.store import open_store, parse_key
@@ -248,12 +248,6 @@ def test_backpressure_answers_503_with_retry_after(tmp_path):
 
 
 # -- the real service process ----------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_processor(tmp_path: Path, store: str, env: dict | None = None) -> tuple:
     port = free_port()
     proc = subprocess.Popen(

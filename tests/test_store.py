@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import threading
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import free_port
 
 from argus_core.cli import traces as traces_cli
 from argus_core.processor.store import (
@@ -39,12 +39,6 @@ from argus_core.processor.store import (
 T0 = 1_795_003_200_000_000_000  # 2026-11-18T12:00:00Z, a whole minute
 MINUTE = 60_000_000_000
 FAST = {"backoff_s": 0.02, "max_backoff_s": 0.2}  # keep retry loops fast in tests
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # --------------------------------------------------------------------------- keys
@@ -212,7 +206,7 @@ def test_s3_store_errors_are_store_errors(s3_no_bucket, monkeypatch):
         store.put("argus/x", b"x")
     with pytest.raises(StoreError, match="does not exist"):
         store.list("argus/")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
     start = time.monotonic()
     with pytest.raises(StoreError, match="endpoint"):
         open_store(s3_no_bucket.url()).list("argus/")
@@ -554,7 +548,7 @@ def test_ls_errors_exit_2(capsys, filled, tmp_path):
 
 def test_ls_unreachable_s3_exits_2(capsys, s3_env, monkeypatch):
     """An S3 endpoint nobody listens on fails fast with the endpoint in the message."""
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     monkeypatch.setenv("AWS_ENDPOINT_URL", dead)
     start = time.monotonic()
     code, _, err = cli(capsys, "ls", "--store", "s3://bucket-x/argus", "--job", JOB)

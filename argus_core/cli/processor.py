@@ -23,7 +23,8 @@ def register(commands) -> None:
                         "file:///var/lib/argus/traces)")
     p.add_argument("--spool", default="/var/lib/argus/spool", metavar="DIR",
                    help="upload spool directory (survives restarts)")
-    p.add_argument("--spool-max-mb", type=int, default=4096)
+    p.add_argument("--spool-max-mb", type=int, default=None,
+                   help="upload spool cap (default 4096 MB); beyond it files are dropped, counted")
     p.add_argument("--window", type=float, default=60.0, metavar="SECONDS")
     p.add_argument("--grace", type=float, default=10.0, metavar="SECONDS",
                    help="how long a window waits for late records")
@@ -47,7 +48,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     config = ProcessorConfig(
         host=host or "127.0.0.1", port=int(port), store=args.store, spool_dir=args.spool,
-        max_spool_bytes=args.spool_max_mb << 20, token=os.environ.get(args.token_env) or None,
+        max_spool_bytes=(args.spool_max_mb << 20 if args.spool_max_mb is not None
+                         else ProcessorConfig.max_spool_bytes),
+        token=os.environ.get(args.token_env) or None,
         window_s=args.window, grace_s=args.grace, max_body_bytes=args.max_body_mb << 20,
         max_buffered_events=args.max_buffered_events, top_k=args.top_k)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

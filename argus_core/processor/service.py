@@ -25,6 +25,7 @@ import numpy as np
 from aiohttp import web
 
 from argus_core.processor.ingest import BodyError, decode_body, parse_body
+from argus_core.processor.store import DEFAULT_MAX_SPOOL_BYTES
 from argus_core.processor.windows import ClosedWindow, WindowStore
 from argus_core.schema import KernelBatch
 from argus_core.summaries import KernelSummary, summarize_kernels, top_kernels
@@ -41,7 +42,7 @@ class ProcessorConfig:
     port: int = 9700
     store: str = "file:///var/lib/argus/traces"
     spool_dir: str = "/var/lib/argus/spool"
-    max_spool_bytes: int = 4 << 30
+    max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES
     token: str | None = None
     window_s: float = 60.0
     grace_s: float = 10.0
