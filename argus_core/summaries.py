@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from argus_core.stats.compress import CompressionConfig, compress
+from argus_core.stats.compress import CompressionConfig, compress_sketch
 from argus_core.stats.grouping import dense_ids
+from argus_core.stats.sketch import DurationSketch
 from argus_core.trace import KernelTable
 
 DEFAULT_WINDOW_S = 60.0
@@ -63,11 +64,23 @@ def summarize_kernels(kernels: KernelTable, window_s: float = DEFAULT_WINDOW_S,
         window = np.full(len(kernels), window_index, dtype=np.int64)
     ids, (rank, kernel, stream, win) = dense_ids(kernels.rank, kernels.name.astype(np.int64),
                                                   kernels.stream, window)
-    clusters = compress(ids, kernels.dur_ns, len(rank), config)
+    return summarize_sketch(DurationSketch.of(ids, kernels.dur_ns, len(rank)), rank, kernel,
+                            stream, win, kernels.names, window_ns, config)
+
+
+def summarize_sketch(sketch: DurationSketch, rank: np.ndarray, kernel: np.ndarray,
+                     stream: np.ndarray, window: np.ndarray, names: list[str], window_ns: int,
+                     config: CompressionConfig | None = None) -> KernelSummary:
+    """Compress a duration sketch whose group g is (rank[g], kernel[g], stream[g], window[g]).
+
+    The processor builds the sketch batch by batch as a window's kernels arrive; offline
+    summaries build it from a whole table at once. Both end here.
+    """
+    clusters = compress_sketch(sketch, config)
     g = clusters.group
-    return KernelSummary(rank=rank[g], kernel=kernel[g], stream=stream[g], window=win[g],
+    return KernelSummary(rank=rank[g], kernel=kernel[g], stream=stream[g], window=window[g],
                          cluster=clusters.cluster, count=clusters.count, sum_ns=clusters.sum_ns,
-                         p50_ns=clusters.p50_ns, p99_ns=clusters.p99_ns, names=kernels.names,
+                         p50_ns=clusters.p50_ns, p99_ns=clusters.p99_ns, names=names,
                          window_ns=window_ns)
 
 

@@ -7,8 +7,10 @@ then posts gzip NDJSON bodies, each one ``kernels`` record of 10,000 kernels, ro
 --ranks ranks, with record time advancing 250 ms per batch (40,000 kernels/s per rank, a
 busy GPU; 2.4 M kernels per rank per 60 s window), faster than wall time so windows keep
 closing while the load runs. 503 answers are retried after Retry-After, as Vector does. At
-the end the processor gets SIGTERM and drains. Fields: ``events_per_s`` (kernel events accepted and
-written, over the load's wall time), ``rss_growth_mb`` (processor RSS at the end of the load
+the end the processor gets SIGTERM and drains. Fields: ``events_per_s`` (kernel events
+accepted, compressed and written into Perfetto files, over the load's wall time plus the
+drain: work still queued when the load stops is not free), ``accepted_per_s`` (acknowledged
+events over the load's wall time alone), ``rss_growth_mb`` (processor RSS at the end of the load
 minus once every rank has written its first window), ``lost`` (acknowledged events minus events
 written to Perfetto windows), plus how many windows and files were written.
 Bodies are built before the clock starts, so the generator costs only the posting. Baseline
@@ -170,6 +172,8 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--live", action="store_true",
                         help="build bodies while posting (soak runs; slower generator)")
+    parser.add_argument("--processor-args", default="",
+                        help="extra arguments for argus processor (e.g. '--chunk-events 65536')")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     bodies = live_bodies(args.ranks) if args.live else make_bodies(args.seconds, args.ranks)
@@ -178,22 +182,28 @@ def main() -> int:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "argus_core.cli", "processor",
                              "--listen", f"127.0.0.1:{port}", "--store", f"file://{work}/store",
-                             "--spool", f"{work}/spool"], env=env,
+                             "--spool", f"{work}/spool", *args.processor_args.split()], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_ready(port)
         result = load(port, args.seconds, args.ranks, bodies)
         before_drain = scrape(port)
+        cpu_s = _cpu_seconds(proc.pid)
+        drain_start = time.perf_counter()
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=300)
+        drain_s = time.perf_counter() - drain_start
     finally:
         if proc.poll() is None:
             proc.kill()
     files = [os.path.join(d, f) for d, _, fs in os.walk(f"{work}/store") for f in fs]
     written = _kernels_written(err.decode(errors="replace"))
     base = baseline(15, args.ranks) if not args.live else None
-    out = {"seconds": result["seconds"], "posted_events": result["acked"],
-           "events_per_s": result["acked"] / result["seconds"],
+    total_s = result["seconds"] + drain_s
+    out = {"seconds": result["seconds"], "drain_s": drain_s, "posted_events": result["acked"],
+           "events_per_s": (written or 0) / total_s,
+           "accepted_per_s": result["acked"] / result["seconds"],
+           "processor_cpu_ns_per_event": cpu_s / max(result["acked"], 1) * 1e9,
            "rss_growth_mb": (result["rss_end"] - result["rss_warm"]) / 2**20
            if result["rss_warm"] else None,
            "rss_warm_mb": (result["rss_warm"] or 0) / 2**20,
@@ -203,9 +213,16 @@ def main() -> int:
            "events_written": written, "files": len(files), "retries_503": result["retries"],
            "accepted_before_drain": before_drain.get("argus_processor_kernel_events_total"),
            "baseline_loopback_events_per_s": base,
-           "ratio_to_loopback": result["acked"] / result["seconds"] / base if base else None}
+           "ratio_to_loopback": (written or 0) / total_s / base if base else None}
     report(out, args.json)
     return 0
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, all threads) a process has used so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _kernels_written(log: str) -> int | None:

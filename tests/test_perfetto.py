@@ -26,7 +26,13 @@ from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import (
 )
 
 from argus_core.processor import perfetto as pf
-from argus_core.processor.perfetto import WindowTrace, build_trace, build_trace_gz
+from argus_core.processor.perfetto import (
+    GzipWriter,
+    TraceWriter,
+    WindowTrace,
+    build_trace,
+    build_trace_gz,
+)
 
 T0 = 1_790_000_000_000_000_000  # ns since the epoch, late 2026
 WINDOW_NS = 60_000_000_000
@@ -178,6 +184,8 @@ def random_window(seed: int, per_stream: int = 400, streams: tuple[int, ...] = (
 def kernel_slices(decoded: Decoded, window: WindowTrace) -> list[tuple[int, int, int, str]]:
     """(stream, start, end, name) of every slice on a stream track, sorted."""
     streams = {track_named(decoded, f"stream {s}"): s for s in np.unique(window.stream)}
+    streams.update({uuid: int(d.name.split()[1]) for uuid, d in decoded.tracks.items()
+                    if "(reordered" in d.name})  # lanes of kernels that arrived late
     found = [(streams[s.track], s.begin, s.end, s.name) for s in decoded.slices
              if s.track in streams]
     assert all(s.depth == 0 for s in decoded.slices if s.track in streams), "kernels nested"
@@ -234,9 +242,10 @@ def test_tracks_and_interned_names():
     assert [name for _, name in children] == [
         "steps", "phases (approximate placement)", "stream 2", "stream 7", "stream 13",
         "stream 14", "host stacks"]
-    first = Trace.FromString(data).packet[0]
-    assert first.sequence_flags == CLEARED
-    interned = {e.name for e in first.interned_data.event_names}
+    packets = Trace.FromString(data).packet
+    assert packets[0].sequence_flags == CLEARED and packets[0].first_packet_on_sequence
+    assert all(p.sequence_flags == CLEARED for p in packets if p.HasField("interned_data"))
+    interned = {e.name for p in packets for e in p.interned_data.event_names}
     assert interned == set(NAMES) - {"unused_kernel_name"}  # only names the window uses
 
 
@@ -279,6 +288,86 @@ def test_small_timestamps_and_varint_edge_deltas():
     assert kernel_slices(decoded, window) == input_kernels(window)
     for payload in decoded.kernel_packets:  # canonical: as long as protobuf would make it
         assert TracePacket.FromString(payload).ByteSize() == len(payload)
+
+
+# --- writing a window chunk by chunk ---------------------------------------------------------
+
+
+def write_in_chunks(window: WindowTrace, cuts: list[int], order: list[int] | None = None,
+                    ) -> tuple[bytes, TraceWriter]:
+    """The window's kernels written as chunks [cuts[i], cuts[i+1]) in ``order``."""
+    pieces: list = []
+    writer = TraceWriter(pieces.append, job=window.job, rank=window.rank,
+                         window_start_ns=window.window_start_ns, window_ns=window.window_ns,
+                         host=window.host)
+    bounds = [0, *cuts, len(window.start_ns)]
+    for i in order if order is not None else range(len(bounds) - 1):
+        part = slice(bounds[i], bounds[i + 1])
+        writer.add_kernels(window.names, window.kernel_name[part], window.stream[part],
+                           window.start_ns[part], window.dur_ns[part])
+    writer.finish(window.names, window.steps, window.stacks)
+    return b"".join(bytes(memoryview(p)) for p in pieces), writer
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 3), st.lists(st.integers(0, 1600), max_size=12))
+def test_chunked_writing_gives_the_one_shot_slices(seed: int, cuts: list[int]):
+    """However the batches are cut, the slices are those of the window written at once."""
+    window = random_window(seed, shuffle=True)
+    data, writer = write_in_chunks(window, sorted(set(cuts)))
+    decoded = decode(data)
+    assert kernel_slices(decoded, window) == kernel_slices(decode(build_trace(window)), window)
+    assert kernel_slices(decoded, window) == input_kernels(window)
+    assert writer.reordered == 0 and writer.kernels == len(window.start_ns)
+
+
+def test_overlaps_across_chunk_boundaries_are_clipped_as_in_one_shot():
+    window = WindowTrace("j", 0, T0, WINDOW_NS, names=["a", "b", "c"],
+                         kernel_name=np.array([0, 1, 2, 0], dtype=np.int32),
+                         stream=np.array([7, 7, 7, 9]),
+                         start_ns=np.array([T0 + 100, T0 + 150, T0 + 160, T0 + 120]),
+                         dur_ns=np.array([100, 5, 50, 500]))
+    for cuts in ([1], [1, 2], [1, 2, 3]):
+        data, _ = write_in_chunks(window, cuts)
+        assert kernel_slices(decode(data), window) == kernel_slices(
+            decode(build_trace(window)), window)
+
+
+def test_batches_arriving_out_of_order_lose_nothing_and_never_overlap():
+    """A batch older than what was already written goes to a "reordered" lane of its stream."""
+    window = random_window(5, shuffle=False)
+    order = np.argsort(window.start_ns, kind="stable")
+    for column in ("kernel_name", "stream", "start_ns", "dur_ns"):
+        setattr(window, column, getattr(window, column)[order])
+    n = len(window.start_ns)
+    cuts = [n * k // 6 for k in range(1, 6)]
+    data, writer = write_in_chunks(window, cuts, order=[0, 2, 1, 3, 5, 4])
+    decoded = decode(data)
+    assert kernel_slices(decoded, window) == input_kernels(window)  # depth 0, all there
+    lanes = [d.name for d in decoded.tracks.values() if "(reordered" in d.name]
+    assert lanes and writer.reordered > 0 and writer.kernels == n
+
+
+def test_gzip_writer_sync_leaves_a_readable_prefix(tmp_path: Path):
+    """After sync() the file decompresses to everything written so far (crash safety)."""
+    import zlib
+
+    window = random_window(6)
+    path = tmp_path / "w.pftrace.gz"
+    with open(path, "wb") as fh:
+        gz = GzipWriter(fh)
+        writer = TraceWriter(gz.write, job="j", rank=1, window_start_ns=T0,
+                             window_ns=WINDOW_NS)
+        half = len(window.start_ns) // 2
+        writer.add_kernels(window.names, window.kernel_name[:half], window.stream[:half],
+                           window.start_ns[:half], window.dur_ns[:half])
+        gz.sync()
+        fh.flush()
+        prefix = zlib.decompressobj(31).decompress(path.read_bytes())
+        assert len(Trace.FromString(prefix).packet) > half  # whole packets, no trailer yet
+        writer.finish(window.names)
+        gz.close()
+    assert Trace.FromString(gzip.decompress(path.read_bytes())).packet
 
 
 # --- varints ----------------------------------------------------------------------------------

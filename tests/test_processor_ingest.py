@@ -49,6 +49,7 @@ def test_decompression_bomb_is_refused():
 
 @pytest.mark.parametrize("body, encoding, status", [
     (b"not gzip", "gzip", 400), (b"x", "br", 415), (b"x" * 100, "", 413),
+    (gzip.compress(b'{"v": 1}\n' * 4)[:-12], "gzip", 400),  # truncated in transit
 ])
 def test_bad_bodies(body, encoding, status):
     """Corrupt or unsupported encodings and oversized bodies get the right status."""
@@ -119,7 +120,7 @@ def test_windows_close_on_watermark_and_late_records_are_counted():
     assert store.due(now=0) == []
     store.add(parse_record(kernels(start=6 * W + 11_000_000_000)))  # past end + grace
     closed = store.due(now=0)
-    assert [(c.start_ns, len(c.name)) for c in closed] == [(5 * W, 5)]
+    assert [(window.start_ns, len(chunk)) for window, chunk in closed] == [(5 * W, 5)]
     assert store.add(parse_record(kernels(start=5 * W + 7))) == 5
     assert store.late == 5 and store.buffered_events == 5
 
@@ -141,7 +142,22 @@ def test_closed_window_carries_identity_steps_and_stacks():
                             "t_ns": W + 5, "wall_s": 0.4, "gpu_s": 0.3, "phases": {"mlp": 0.1}}))
     store.add(parse_record({"v": 1, "kind": "stack", "job": "j", "rank": 0, "t_ns": W + 9,
                             "thread": "MainThread", "frames": ["a.py:f:1"]}))
-    (window,) = store.close_all()
-    assert window.host == "node-9" and len(window.steps) == 1 and len(window.stacks) == 1
-    assert window.names[window.name[0]] == "gemm"
-    np.testing.assert_array_equal(window.start, [W + 1 + i * 1000 for i in range(5)])
+    ((window, chunk),) = store.close_all()
+    assert store.host("j", 0) == "node-9" and len(window.steps) == 1 and len(window.stacks) == 1
+    assert store.names.names[chunk.name[0]] == "gemm"
+    np.testing.assert_array_equal(chunk.start_ns, [W + 1 + i * 1000 for i in range(5)])
+
+
+def test_kernels_are_handed_over_in_chunks_and_the_rest_at_close():
+    """A window gives up its kernels once it holds a chunk's worth; close hands the rest."""
+    store = WindowStore(60, 10)
+    store.add(parse_record(kernels(start=W + 1, n=5)))
+    assert store.chunks(min_events=8) == []
+    store.add(parse_record(kernels(start=W + 10_000, n=5)))
+    ((window, chunk),) = store.chunks(min_events=8)
+    assert len(chunk) == 10 and window.held == 0 and store.buffered_events == 0
+    store.add(parse_record(kernels(start=W + 20_000, n=3)))
+    assert store.buffered_events == 3 and store.chunks(min_events=8) == []
+    ((closed, rest),) = store.close_all()
+    assert closed is window and len(rest) == 3 and window.events == 13
+    assert store.buffered_events == 0

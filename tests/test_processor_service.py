@@ -23,6 +23,9 @@ from support import free_port
 
 from argus_core.processor.service import SERVER_OPTIONS, Processor, ProcessorConfig, build_app
 from argus_core.processor.store import open_store, parse_key
+from argus_core.schema import parse_record
+from argus_core.summaries import summarize_kernels
+from argus_core.trace import TraceBuilder
 
 W = 60_000_000_000
 T0 = 1_795_003_200_000_000_000  # a whole minute
@@ -102,10 +105,12 @@ def post(client, body: bytes, **headers):
                                 "Content-Encoding": "gzip", **headers})
 
 
-def test_posted_kernels_come_out_as_summaries_and_exact_perfetto_files(tmp_path):
+@pytest.mark.parametrize("chunk_events", [65_536, 150])
+def test_posted_kernels_come_out_as_summaries_and_exact_perfetto_files(tmp_path, chunk_events):
     """Two ranks' kernels in Vector's body format: /metrics shows their cluster summaries and
-    each (rank, window) Perfetto file holds exactly the posted kernels."""
-    processor = Processor(config(tmp_path))
+    each (rank, window) Perfetto file holds exactly the posted kernels, whether a window is
+    written at once or chunk by chunk."""
+    processor = Processor(config(tmp_path, chunk_events=chunk_events))
     batches = [kernel_batch(r, T0 + 1000 + i * 1_000_000_000, seed=i) for r in (0, 1)
                for i in range(3)]
     late = [kernel_batch(r, T0 + W + 6_000_000_000, n=10) for r in (0, 1)]  # closes window 0
@@ -147,6 +152,46 @@ def test_posted_kernels_come_out_as_summaries_and_exact_perfetto_files(tmp_path)
         got = slices_in(store.get(files[rank]))
         assert got == expected_slices(*[b for b in batches if b["rank"] == rank])
     assert processor.kernel_events_written == sum(len(b["name"]) for b in [*batches, *late])
+    # The online summaries are the offline ones (argus diagnose's) of the same kernels.
+    builder = TraceBuilder()
+    for batch in batches[:3]:  # rank 0's
+        builder.add(parse_record(batch))
+    offline = summarize_kernels(builder.finish()["llm"].kernels)
+    online = sorted((s.labels["kernel"], s.labels["quantile"], s.value) for s in quantiles
+                    if s.labels["rank"] == "0")
+    expected = sorted((offline.names[k], q, v * 1e-9) for k, p50, p99 in zip(
+        offline.kernel, offline.p50_ns, offline.p99_ns, strict=True)
+        for q, v in (("0.5", p50), ("0.99", p99)))
+    assert [(k, q) for k, q, _ in online] == [(k, q) for k, q, _ in expected]
+    np.testing.assert_allclose([v for *_, v in online], [v for *_, v in expected], rtol=1e-9)
+
+
+def test_unfinished_windows_of_a_crashed_processor_are_salvaged(tmp_path):
+    """A processor killed mid-window leaves its file in the spool: the next one uploads the
+    chunks it had written."""
+    from argus_core.processor.service import WINDOWS_DIR
+    from argus_core.processor.store import trace_key
+    from argus_core.processor.window_output import WindowOutput
+    from argus_core.processor.windows import KernelChunk
+
+    batch = kernel_batch(3, T0 + 1000, n=300)
+    key = trace_key("", "llm", 3, T0)
+    output = WindowOutput(tmp_path / "spool" / WINDOWS_DIR, key, job="llm", rank=3,
+                          window_start_ns=T0, window_ns=W)
+    output.add(batch["names"], KernelChunk(np.array(batch["name"]), np.array(batch["stream"]),
+                                           np.array(batch["start_ns"]),
+                                           np.array(batch["dur_ns"])))
+    del output  # the crash: no finish, the file stays behind
+
+    processor = Processor(config(tmp_path))
+    assert processor.salvaged_windows == 1
+    processor.drain(timeout=10)
+    store = open_store(f"file://{tmp_path}/store")
+    got = slices_in(store.get(key))
+    want = expected_slices(batch)
+    # Each stream's newest kernel was still held back, unwritten, when the process died.
+    assert len(got) == len(want) - 2 and set(got) <= set(want)
+    assert not list((tmp_path / "spool" / WINDOWS_DIR).iterdir())
 
 
 def test_json_array_bodies_zstd_and_partial_rejects(tmp_path):
@@ -234,17 +279,43 @@ def test_bearer_token(tmp_path):
 
 def test_backpressure_answers_503_with_retry_after(tmp_path):
     """Past the buffered-events bound: 503 + Retry-After, /readyz not ready; healthz stays ok."""
+    import threading
+
     processor = Processor(config(tmp_path, max_buffered_events=500))
+    stalled = threading.Event()
+    processor._writer.submit(stalled.wait)  # the writer is stuck (a slow disk)
 
     async def scenario(client):
-        assert (await post(client, ndjson_gz(kernel_batch(0, T0, n=600)))).status == 200
-        response = await post(client, ndjson_gz(kernel_batch(0, T0)))
-        assert response.status == 503 and response.headers["Retry-After"] == "2"
-        assert (await client.get("/readyz")).status == 503
-        assert (await client.get("/healthz")).status == 200
+        try:
+            assert (await post(client, ndjson_gz(kernel_batch(0, T0, n=600)))).status == 200
+            response = await post(client, ndjson_gz(kernel_batch(0, T0)))
+            assert response.status == 503 and response.headers["Retry-After"] == "1"
+            assert (await client.get("/readyz")).status == 503
+            assert (await client.get("/healthz")).status == 200
+        finally:
+            stalled.set()
 
     run(processor, scenario)
     assert processor.kernel_events_written == 600  # nothing refused was half-taken
+
+
+def test_partly_filled_chunks_of_many_windows_never_wedge_intake(tmp_path):
+    """Many windows each holding less than a chunk can add up to the bound: they are handed
+    to the writer then, so intake resumes instead of answering 503 until windows close."""
+    processor = Processor(config(tmp_path, max_buffered_events=2000, chunk_events=1000))
+
+    async def scenario(client):
+        for rank in range(8):  # 8 windows x 400 kernels: none has a chunk's worth
+            response = await post(client, ndjson_gz(kernel_batch(rank, T0, n=400)))
+            assert response.status == 200, rank
+        for _ in range(100):
+            if not processor.overloaded():
+                break
+            await asyncio.sleep(0.02)
+        assert (await post(client, ndjson_gz(kernel_batch(0, T0 + 10**9)))).status == 200
+
+    run(processor, scenario)
+    assert processor.kernel_events_written == 8 * 400 + 400
 
 
 # -- the real service process ----------------------------------------------------------------

@@ -22,15 +22,20 @@ def register(commands) -> None:
                    help="file:///dir or s3://bucket/prefix (default $ARGUS_STORE or "
                         "file:///var/lib/argus/traces)")
     p.add_argument("--spool", default="/var/lib/argus/spool", metavar="DIR",
-                   help="upload spool directory (survives restarts)")
+                   help="upload spool directory (survives restarts); windows being written "
+                        "live in its windows/ subdirectory")
     p.add_argument("--spool-max-mb", type=int, default=None,
                    help="upload spool cap (default 4096 MB); beyond it files are dropped, counted")
     p.add_argument("--window", type=float, default=60.0, metavar="SECONDS")
     p.add_argument("--grace", type=float, default=10.0, metavar="SECONDS",
                    help="how long a window waits for late records")
     p.add_argument("--max-body-mb", type=int, default=64, help="decompressed body limit")
-    p.add_argument("--max-buffered-events", type=int, default=40_000_000,
-                   help="kernel events held in memory before answering 503 (~28 B each)")
+    p.add_argument("--max-buffered-events", type=int, default=4_000_000,
+                   help="kernel events waiting to be written before answering 503 "
+                        "(~28 B each; default 4,000,000)")
+    p.add_argument("--chunk-events", type=int, default=65_536,
+                   help="a window's kernels are appended to its file and sketch in chunks "
+                        "of this many (default 65,536)")
     p.add_argument("--top-k", type=int, default=32, help="kernels per rank on /metrics")
     p.add_argument("--token-env", default="ARGUS_PROCESSOR_TOKEN", metavar="VAR",
                    help="environment variable holding the bearer token (unset: no auth)")
@@ -52,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
                          else ProcessorConfig.max_spool_bytes),
         token=os.environ.get(args.token_env) or None,
         window_s=args.window, grace_s=args.grace, max_body_bytes=args.max_body_mb << 20,
-        max_buffered_events=args.max_buffered_events, top_k=args.top_k)
+        max_buffered_events=args.max_buffered_events, chunk_events=args.chunk_events,
+        top_k=args.top_k)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         serve(config)

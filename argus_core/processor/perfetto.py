@@ -30,11 +30,12 @@ used when installed.
 
 from __future__ import annotations
 
+import io
 import itertools
 import logging
 import math
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,30 +78,6 @@ class WindowTrace:
     dur_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     steps: list[dict] = field(default_factory=list)  # schema-v1 step records
     stacks: list[dict] = field(default_factory=list)  # schema-v1 stack records
-
-
-def build_trace(window: WindowTrace) -> bytes:
-    """Serialize one window as a Perfetto ``Trace`` (uncompressed protobuf bytes)."""
-    return b"".join(memoryview(chunk) for chunk in _trace_chunks(window))
-
-
-def build_trace_gz(window: WindowTrace, level: int = 1, backend: str | None = None) -> bytes:
-    """Gzip of ``build_trace(window)``, compressed chunk by chunk without joining them first.
-
-    ``backend`` is "zlib" or "isal" (ISA-L, same gzip format, levels 0-3); the default is
-    ``GZIP_BACKEND``: ISA-L when the ``isal`` package is installed, else zlib. Levels above 3
-    always use zlib.
-    """
-    backend = backend or GZIP_BACKEND
-    if backend == "isal" and _isal_zlib is not None and level <= 3:
-        compressor = _isal_zlib.compressobj(level, _isal_zlib.DEFLATED, 31)
-    elif backend in ("zlib", "isal"):
-        compressor = zlib.compressobj(level, zlib.DEFLATED, 31)  # 31: gzip container
-    else:
-        raise ValueError(f"unknown gzip backend {backend!r}")
-    parts = [compressor.compress(chunk) for chunk in _trace_chunks(window)]
-    parts.append(compressor.flush())
-    return b"".join(parts)
 
 
 # --- wire format, checked against the generated descriptors at import ------------------------
@@ -234,13 +211,26 @@ def encode_varints(values: Iterable[int] | np.ndarray) -> list[bytes]:
 
 @dataclass
 class _StreamKernels:
-    """Kernels grouped by stream (blocks ``bounds[s]:bounds[s+1]``), sorted by start."""
+    """Kernels grouped in blocks (``bounds[b]:bounds[b+1]``, one per stream), sorted by start."""
 
     streams: np.ndarray  # stream id of each block
     bounds: np.ndarray  # block boundaries, len(streams) + 1
     start: np.ndarray
     end: np.ndarray
-    name: np.ndarray  # index into WindowTrace.names
+    name: np.ndarray  # index into the window's names
+
+    def take(self, keep: np.ndarray) -> _StreamKernels:
+        """The kernels selected by a boolean mask, blocks kept (possibly empty)."""
+        bounds = np.zeros_like(self.bounds)
+        np.cumsum(np.add.reduceat(keep, self.bounds[:-1]) if len(self.start) else
+                  np.zeros(len(self.streams), dtype=np.int64), out=bounds[1:])
+        return _StreamKernels(self.streams, bounds, self.start[keep], self.end[keep],
+                              self.name[keep])
+
+
+def _empty_kernels() -> _StreamKernels:
+    empty = np.zeros(0, dtype=np.int64)
+    return _StreamKernels(empty, np.zeros(1, dtype=np.int64), empty, empty, empty)
 
 
 def _dense_ids(stream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -260,21 +250,15 @@ def _dense_ids(stream: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return streams, index.astype(dtype) if dtype else index
 
 
-def _group_kernels(window: WindowTrace) -> _StreamKernels:
-    """Group kernels by stream, sort each stream by start, and clip overlaps on a stream."""
-    start = np.asarray(window.start_ns, dtype=np.int64)
-    dur = np.asarray(window.dur_ns, dtype=np.int64)
-    name = np.asarray(window.kernel_name)
-    stream = np.asarray(window.stream, dtype=np.int64)
-    n = len(start)
-    if not len(dur) == len(name) == len(stream) == n:
-        raise ValueError("kernel columns have different lengths")
-    if n and (int(start.min()) < 0 or int(name.min()) < 0 or int(name.max()) >= len(window.names)):
-        raise ValueError("kernel start before 0 ns or name index outside names")
-    if n == 0:
-        empty = np.zeros(0, dtype=np.int64)
-        return _StreamKernels(empty, np.zeros(1, dtype=np.int64), empty, empty, empty)
+def _group_kernels(stream: np.ndarray, start: np.ndarray, end: np.ndarray, name: np.ndarray,
+                   ) -> tuple[_StreamKernels, int]:
+    """Group kernels by stream, sort each stream by start, and clip overlaps on a stream.
 
+    Returns the grouped kernels and how many ends were clipped.
+    """
+    n = len(start)
+    if n == 0:
+        return _empty_kernels(), 0
     streams, index = _dense_ids(stream)
     bounds = np.zeros(len(streams) + 1, dtype=np.int64)
     np.cumsum(np.bincount(index, minlength=len(streams)), out=bounds[1:])
@@ -289,18 +273,14 @@ def _group_kernels(window: WindowTrace) -> _StreamKernels:
             block = slice(bounds[s], bounds[s + 1])
             order[block] = order[block][np.argsort(start[order[block]], kind="stable")]
         start_s = start[order]
-    dur_s = dur[order] if order is not None else dur
+    end_s = end[order] if order is not None else end.copy()
     name_s = name[order] if order is not None else name
-
-    end = start_s + dur_s
-    np.maximum(end, start_s, out=end)  # a negative duration becomes an instant
-    overlap = end[:-1] > start_s[1:]
+    overlap = end_s[:-1] > start_s[1:]
     overlap[bounds[1:-1] - 1] = False
     clipped = int(np.count_nonzero(overlap))
     if clipped:
-        end[:-1][overlap] = start_s[1:][overlap]
-        _log.debug("%s rank %d: clipped %d overlapping kernels", window.job, window.rank, clipped)
-    return _StreamKernels(streams, bounds, start_s, end, name_s)
+        end_s[:-1][overlap] = start_s[1:][overlap]
+    return _StreamKernels(streams, bounds, start_s, end_s, name_s), clipped
 
 
 def _kernel_packets(kernels: _StreamKernels, name_iid: np.ndarray, track_uuid: list[int],
@@ -374,20 +354,6 @@ def _kernel_packets(kernels: _StreamKernels, name_iid: np.ndarray, track_uuid: l
 # --- tracks, steps, phases, stacks ---------------------------------------------------------------
 
 
-class _Tracks:
-    """Track uuids of one window: small integers, unique within the file.
-
-    Stream tracks come first and share one varint width: their uuid is in every kernel packet.
-    """
-
-    def __init__(self, streams: np.ndarray, threads: list[str]):
-        first = _fixed_width_base(len(streams))
-        self.stream = {int(s): first + i for i, s in enumerate(streams)}
-        after = first + len(streams)
-        self.process, self.steps, self.phases, self.stacks = range(after, after + 4)
-        self.thread = {t: after + 4 + i for i, t in enumerate(threads)}
-
-
 def _get(record: Any, key: str) -> Any:
     """A field of a schema-v1 record given as a dict or as a parsed record object."""
     return record[key] if isinstance(record, Mapping) else getattr(record, key)
@@ -397,40 +363,6 @@ def _ns(seconds: Any) -> int:
     """Seconds as whole nanoseconds; missing, negative or non-finite values become 0."""
     value = float(seconds) if seconds is not None else 0.0
     return round(value * 1e9) if math.isfinite(value) and value > 0 else 0
-
-
-def _add_tracks(builder: TraceProtoBuilder, window: WindowTrace, tracks: _Tracks, seq: int,
-                ) -> None:
-    """Track descriptors: the rank's process track and its children, in display order."""
-    process = builder.add_packet()
-    process.trusted_packet_sequence_id = seq
-    desc = process.track_descriptor
-    desc.uuid = tracks.process
-    desc.process.pid = _PID_BASE + window.rank
-    desc.process.process_name = f"rank {window.rank} ({window.host})" if window.host \
-        else f"rank {window.rank}"
-    desc.description = f"job {window.job}, rank {window.rank}, window of {window.window_ns} ns " \
-                       f"from {window.window_start_ns} ns (epoch)"
-    desc.child_ordering = TrackDescriptor.EXPLICIT
-    children = [(tracks.steps, "steps", "One slice per training step: t_ns + wall_s."),
-                (tracks.phases, "phases (approximate placement)",
-                 "Phases are device durations without start times: laid back to back from "
-                 "the step's start, clipped at its end; measured_s holds the true duration."),
-                *((uuid, f"stream {s}", f"GPU kernels on CUDA stream {s}.")
-                  for s, uuid in tracks.stream.items())]
-    if tracks.thread:
-        children.append((tracks.stacks, "host stacks", "Host Python stack samples (py-spy)."))
-    for rank, (uuid, name, text) in enumerate(children):
-        packet = builder.add_packet()
-        packet.trusted_packet_sequence_id = seq
-        desc = packet.track_descriptor
-        desc.uuid, desc.parent_uuid, desc.name, desc.description = uuid, tracks.process, name, text
-        desc.sibling_order_rank = rank
-    for thread, uuid in tracks.thread.items():
-        packet = builder.add_packet()
-        packet.trusted_packet_sequence_id = seq
-        desc = packet.track_descriptor
-        desc.uuid, desc.parent_uuid, desc.name = uuid, tracks.stacks, thread or "(unnamed thread)"
 
 
 def _slice(builder: TraceProtoBuilder, seq: int, track: int, name: str, begin: int, end: int,
@@ -458,8 +390,7 @@ def _annotate(event: TrackEvent, name: str, value: float | int | str) -> None:
         note.double_value = value
 
 
-def _add_steps_and_phases(builder: TraceProtoBuilder, steps: list, tracks: _Tracks, seq: int,
-                          ) -> None:
+def _add_steps_and_phases(builder: TraceProtoBuilder, steps: list, seq: int) -> None:
     """Steps as slices t_ns .. t_ns + wall_s; phases laid out back to back inside each step.
 
     Phases have only durations (device time from CUDA events), no start times: they are placed
@@ -474,13 +405,13 @@ def _add_steps_and_phases(builder: TraceProtoBuilder, steps: list, tracks: _Trac
         end = begin + _ns(_get(record, "wall_s"))
         if i + 1 < len(ordered):
             end = min(end, int(_get(ordered[i + 1], "t_ns")))
-        event = _slice(builder, seq, tracks.steps, f"step {_get(record, 'step')}", begin, end)
+        event = _slice(builder, seq, _STEPS, f"step {_get(record, 'step')}", begin, end)
         _annotate(event, "wall_s", float(_get(record, "wall_s") or 0.0))
         _annotate(event, "gpu_s", float(_get(record, "gpu_s") or 0.0))
         cursor = begin
         for phase, seconds in (_get(record, "phases") or {}).items():
             phase_end = min(cursor + _ns(seconds), end)
-            event = _slice(builder, seq, tracks.phases, phase, cursor, phase_end)
+            event = _slice(builder, seq, _PHASES, phase, cursor, phase_end)
             _annotate(event, "measured_s", float(seconds or 0.0))
             _annotate(event, "step", int(_get(record, "step")))
             cursor = phase_end
@@ -500,7 +431,8 @@ def _callstack(frames: tuple[str, ...]) -> TrackEvent.InlineCallstack:
     return stack
 
 
-def _add_stacks(builder: TraceProtoBuilder, stacks: list, tracks: _Tracks, seq: int) -> None:
+def _add_stacks(builder: TraceProtoBuilder, stacks: list, threads: dict[str, int], seq: int,
+                ) -> None:
     """Stack samples as instant events named by the innermost frame, one track per thread.
 
     Each carries the stack twice: as ``TrackEvent.callstack`` (Perfetto's inline callstack,
@@ -514,7 +446,7 @@ def _add_stacks(builder: TraceProtoBuilder, stacks: list, tracks: _Tracks, seq: 
         packet = builder.add_packet()
         packet.timestamp, packet.trusted_packet_sequence_id = int(_get(record, "t_ns")), seq
         event = packet.track_event
-        event.type, event.track_uuid = TrackEvent.TYPE_INSTANT, tracks.thread[thread]
+        event.type, event.track_uuid = TrackEvent.TYPE_INSTANT, threads[thread]
         event.name = frames[-1] if frames else "(empty stack)"
         if frames:
             if frames not in cache:
@@ -529,40 +461,298 @@ def _add_stacks(builder: TraceProtoBuilder, stacks: list, tracks: _Tracks, seq: 
 
 # --- assembly ----------------------------------------------------------------------------------
 
-
-def _header(window: WindowTrace, tracks: _Tracks, seq: int, names: list[tuple[int, str]],
-            ) -> bytes:
-    """The head of the file: interned kernel names, clock, track tree, steps, phases, stacks."""
-    builder = TraceProtoBuilder()
-    first = builder.add_packet()
-    first.trusted_packet_sequence_id = seq
-    first.sequence_flags = _CLEARED_STATE
-    first.first_packet_on_sequence = True
-    for iid, name in names:
-        entry = first.interned_data.event_names.add()
-        entry.iid, entry.name = iid, name
-    # Timestamps are epoch ns: declare trace time (BOOTTIME) equal to wall time (REALTIME) so
-    # the UI can show real dates.
-    for clock_id in (BUILTIN_CLOCK_BOOTTIME, BUILTIN_CLOCK_REALTIME):
-        clock = first.clock_snapshot.clocks.add()
-        clock.clock_id, clock.timestamp = clock_id, window.window_start_ns
-    _add_tracks(builder, window, tracks, seq)
-    _add_steps_and_phases(builder, window.steps, tracks, seq)
-    _add_stacks(builder, window.stacks, tracks, seq)
-    return builder.serialize()
+_PROCESS, _STEPS, _PHASES, _STACKS = 1, 2, 3, 4  # fixed track uuids of every file
+_KERNEL_TRACKS = range(1 << 7, 1 << 14)  # stream tracks: one varint width (2 bytes) for all
+_THREAD_TRACK_BASE = 1 << 14  # stack-sample threads: never in kernel packets
+_STACKS_RANK = 2**31 - 1  # "host stacks" last among the rank's tracks
+_LANE_LIMIT = 16  # sibling ranks reserved per stream (its track and its reordered lanes)
 
 
-def _trace_chunks(window: WindowTrace) -> list[bytes | np.ndarray]:
-    """The trace as byte chunks whose concatenation is a serialized ``Trace``."""
-    kernels = _group_kernels(window)
-    threads = sorted({_get(r, "thread") or "" for r in window.stacks})
-    tracks = _Tracks(kernels.streams, threads)
-    used = np.flatnonzero(np.bincount(kernels.name, minlength=len(window.names)))
-    name_iid = np.zeros(len(window.names), dtype=np.int64)
-    name_iid[used] = _fixed_width_base(len(used)) + np.arange(len(used))
-    names = [(int(name_iid[i]), window.names[i]) for i in used]
-    chunks: list[bytes | np.ndarray] = [_header(window, tracks, _SEQUENCE, names)]
-    if len(kernels.start):
-        chunks.append(_kernel_packets(kernels, name_iid, list(tracks.stream.values()),
-                                      _SEQUENCE))
-    return chunks
+@dataclass
+class _Stream:
+    """What the writer remembers of one CUDA stream: its tracks and its last kernels."""
+
+    uuid: int  # track of the stream's kernels in arrival order
+    written_end: int = -1  # end of the last kernel written on that track
+    held: tuple[int, int, int] | None = None  # (start, end, name) of the newest kernel
+    lanes: list[list[int]] = field(default_factory=list)  # [uuid, last end] of reordered lanes
+
+
+class TraceWriter:
+    """Writes one (job, rank) window as a Perfetto trace, a chunk of kernels at a time.
+
+    ``write`` receives the serialized trace in pieces (bytes or uint8 arrays) whose
+    concatenation is one ``Trace``. The head (clock snapshot, the rank's process, steps and
+    phases tracks) is written at once; each :meth:`add_kernels` writes the chunk's new stream
+    tracks, one packet that clears the incremental state and interns the chunk's kernel names,
+    and the chunk's kernel packets; :meth:`finish` writes the last kernels, the steps, phases
+    and stack samples. Memory is one chunk plus one kernel per stream, however long the window.
+
+    Slices on a track must nest, so each stream's newest kernel is held back until the next
+    chunk (or ``finish``) shows whether the next kernel starts before it ends, and is then
+    clipped exactly as if the window had been written at once. Kernels that arrive after
+    later kernels of their stream were already written (batches reordered in transit) go to a
+    "reordered" lane of the stream instead of overlapping written slices: nothing is lost and
+    no slice is misplaced.
+    """
+
+    def __init__(self, write: Callable[[bytes | np.ndarray], Any], *, job: str, rank: int,
+                 window_start_ns: int, window_ns: int, host: str = ""):
+        self._write = write
+        self.job, self.rank = job, rank
+        self._streams: dict[int, _Stream] = {}
+        self._next_uuid = iter(_KERNEL_TRACKS)
+        self._finished = False
+        self.clipped = 0  # kernel ends clipped at the next kernel's start
+        self.reordered = 0  # kernels written to a reordered lane
+        self.kernels = 0  # kernels written
+        builder = TraceProtoBuilder()
+        first = builder.add_packet()
+        first.trusted_packet_sequence_id = _SEQUENCE
+        first.sequence_flags = _CLEARED_STATE
+        first.first_packet_on_sequence = True
+        # Timestamps are epoch ns: declare trace time (BOOTTIME) equal to wall time (REALTIME)
+        # so the UI can show real dates.
+        for clock_id in (BUILTIN_CLOCK_BOOTTIME, BUILTIN_CLOCK_REALTIME):
+            clock = first.clock_snapshot.clocks.add()
+            clock.clock_id, clock.timestamp = clock_id, window_start_ns
+        process = self._descriptor(builder, _PROCESS)
+        process.process.pid = _PID_BASE + rank
+        process.process.process_name = f"rank {rank} ({host})" if host else f"rank {rank}"
+        process.description = f"job {job}, rank {rank}, window of {window_ns} ns from " \
+                              f"{window_start_ns} ns (epoch)"
+        process.child_ordering = TrackDescriptor.EXPLICIT
+        self._child(builder, _STEPS, "steps", "One slice per training step: t_ns + wall_s.", 0)
+        self._child(builder, _PHASES, "phases (approximate placement)",
+                    "Phases are device durations without start times: laid back to back from "
+                    "the step's start, clipped at its end; measured_s holds the true duration.", 1)
+        self._write(builder.serialize())
+
+    @staticmethod
+    def _descriptor(builder: TraceProtoBuilder, uuid: int) -> TrackDescriptor:
+        packet = builder.add_packet()
+        packet.trusted_packet_sequence_id = _SEQUENCE
+        packet.track_descriptor.uuid = uuid
+        return packet.track_descriptor
+
+    def _child(self, builder: TraceProtoBuilder, uuid: int, name: str, text: str, rank: int,
+               ) -> None:
+        desc = self._descriptor(builder, uuid)
+        desc.parent_uuid, desc.name, desc.description = _PROCESS, name, text
+        desc.sibling_order_rank = rank
+
+    def _track(self, builder: TraceProtoBuilder, stream: int, lane: int) -> int:
+        """A new track for a stream (lane 0) or one of its reordered lanes."""
+        uuid = next(self._next_uuid, None)
+        if uuid is None:
+            raise ValueError(f"{self.job} rank {self.rank}: more than {len(_KERNEL_TRACKS)} "
+                             "stream tracks in one window")
+        name = f"stream {stream}" if lane == 0 else f"stream {stream} (reordered {lane})"
+        text = f"GPU kernels on CUDA stream {stream}." if lane == 0 else (
+            f"Kernels of CUDA stream {stream} that arrived after later ones were written.")
+        order = 16 + (min(max(stream, 0), 1 << 26) << 4) + min(lane, _LANE_LIMIT - 1)
+        self._child(builder, uuid, name, text, order)
+        return uuid
+
+    def add_kernels(self, names: Sequence[str], name: np.ndarray, stream: np.ndarray,
+                    start_ns: np.ndarray, dur_ns: np.ndarray) -> None:
+        """Write a chunk of kernels (columns of equal length; ``name`` indexes ``names``)."""
+        if self._finished:
+            raise RuntimeError("the trace is finished")
+        start = np.asarray(start_ns, dtype=np.int64)
+        dur = np.asarray(dur_ns, dtype=np.int64)
+        name = np.asarray(name)
+        stream = np.asarray(stream, dtype=np.int64)
+        n = len(start)
+        if not len(dur) == len(name) == len(stream) == n:
+            raise ValueError("kernel columns have different lengths")
+        if n and (int(start.min()) < 0 or int(name.min()) < 0 or int(name.max()) >= len(names)):
+            raise ValueError("kernel start before 0 ns or name index outside names")
+        end = start + np.maximum(dur, 0)  # a negative duration becomes an instant
+        self._write_chunk(names, name.astype(np.int64), stream, start, end, final=False)
+
+    def _write_chunk(self, names: Sequence[str], name: np.ndarray, stream: np.ndarray,
+                     start: np.ndarray, end: np.ndarray, final: bool) -> None:
+        held = [(s, *state.held) for s, state in self._streams.items() if state.held]
+        for state in self._streams.values():
+            state.held = None
+        if held:
+            h_stream, h_start, h_end, h_name = (np.array(c, dtype=np.int64)
+                                                for c in zip(*held, strict=True))
+            stream, start = np.r_[h_stream, stream], np.r_[h_start, start]
+            end, name = np.r_[h_end, end], np.r_[h_name, name]
+        if len(start) == 0:
+            return
+        builder = TraceProtoBuilder()
+        late = self._late(stream, start)
+        blocks, uuids = [], []
+        in_order = ~late if late.any() else slice(None)
+        kernels, clipped = _group_kernels(stream[in_order], start[in_order], end[in_order],
+                                          name[in_order])
+        self.clipped += clipped
+        if len(kernels.start):
+            if not final:  # hold back each stream's newest kernel
+                last = kernels.bounds[1:] - 1
+                keep = np.ones(len(kernels.start), dtype=bool)
+                keep[last] = False
+                for b, s in enumerate(kernels.streams.tolist()):
+                    self._stream(builder, s).held = (int(kernels.start[last[b]]),
+                                                     int(kernels.end[last[b]]),
+                                                     int(kernels.name[last[b]]))
+                kernels = kernels.take(keep)
+            for b, s in enumerate(kernels.streams.tolist()):
+                state = self._stream(builder, s)
+                if kernels.bounds[b + 1] > kernels.bounds[b]:
+                    state.written_end = int(kernels.end[kernels.bounds[b + 1] - 1])
+                uuids.append(state.uuid)
+            blocks.append(kernels)
+        if late.any():
+            reordered, clipped = _group_kernels(stream[late], start[late], end[late], name[late])
+            self.clipped += clipped
+            self.reordered += len(reordered.start)
+            for b, s in enumerate(reordered.streams.tolist()):
+                first = int(reordered.start[reordered.bounds[b]])
+                last_end = int(reordered.end[reordered.bounds[b + 1] - 1])
+                state = self._streams[s]
+                lane = next((lane for lane in state.lanes if lane[1] <= first), None)
+                if lane is None:
+                    lane = [self._track(builder, s, len(state.lanes) + 1), -1]
+                    state.lanes.append(lane)
+                lane[1] = last_end
+                uuids.append(lane[0])
+            blocks.append(reordered)
+        kernels = _concat_blocks(blocks)
+        if len(kernels.start) == 0:
+            self._write(builder.serialize())
+            return
+        used = np.flatnonzero(np.bincount(kernels.name, minlength=len(names)))
+        name_iid = np.zeros(len(names), dtype=np.int64)
+        name_iid[used] = _fixed_width_base(len(used)) + np.arange(len(used))
+        interned = builder.add_packet()
+        interned.trusted_packet_sequence_id = _SEQUENCE
+        interned.sequence_flags = _CLEARED_STATE  # this chunk's names replace the last ones
+        for i in used.tolist():
+            entry = interned.interned_data.event_names.add()
+            entry.iid, entry.name = int(name_iid[i]), names[i]
+        self._write(builder.serialize())
+        self._write(_kernel_packets(kernels, name_iid, uuids, _SEQUENCE))
+        self.kernels += len(kernels.start)
+
+    def _late(self, stream: np.ndarray, start: np.ndarray) -> np.ndarray:
+        """Kernels starting before the end of the last kernel written on their stream's track."""
+        if not self._streams:
+            return np.zeros(len(start), dtype=bool)
+        ids = np.fromiter(self._streams, dtype=np.int64, count=len(self._streams))
+        ends = np.array([state.written_end for state in self._streams.values()], dtype=np.int64)
+        order = np.argsort(ids)
+        ids, ends = ids[order], ends[order]
+        pos = np.minimum(np.searchsorted(ids, stream), len(ids) - 1)
+        return (ids[pos] == stream) & (start < ends[pos])
+
+    def _stream(self, builder: TraceProtoBuilder, stream: int) -> _Stream:
+        state = self._streams.get(stream)
+        if state is None:
+            state = self._streams[stream] = _Stream(self._track(builder, stream, 0))
+        return state
+
+    def finish(self, names: Sequence[str], steps: Iterable = (), stacks: Iterable = ()) -> None:
+        """Write the held-back kernels, the steps and phases, and the stack samples."""
+        if self._finished:
+            return
+        empty = np.zeros(0, dtype=np.int64)
+        self._write_chunk(names, empty, empty, empty, empty, final=True)
+        self._finished = True
+        steps, stacks = list(steps), list(stacks)
+        builder = TraceProtoBuilder()
+        threads = {t: _THREAD_TRACK_BASE + i
+                   for i, t in enumerate(sorted({_get(r, "thread") or "" for r in stacks}))}
+        if threads:
+            self._child(builder, _STACKS, "host stacks", "Host Python stack samples (py-spy).",
+                        _STACKS_RANK)
+            for thread, uuid in threads.items():
+                desc = self._descriptor(builder, uuid)
+                desc.parent_uuid, desc.name = _STACKS, thread or "(unnamed thread)"
+        _add_steps_and_phases(builder, steps, _SEQUENCE)
+        _add_stacks(builder, stacks, threads, _SEQUENCE)
+        self._write(builder.serialize())
+        if self.clipped:
+            _log.debug("%s rank %d: clipped %d overlapping kernels", self.job, self.rank,
+                       self.clipped)
+
+
+def _concat_blocks(blocks: list[_StreamKernels]) -> _StreamKernels:
+    if len(blocks) == 1:
+        return blocks[0]
+    if not blocks:
+        return _empty_kernels()
+    offsets = np.cumsum([0] + [len(b.start) for b in blocks[:-1]])
+    return _StreamKernels(
+        np.concatenate([b.streams for b in blocks]),
+        np.concatenate([blocks[0].bounds[:1]] + [b.bounds[1:] + o
+                                                for b, o in zip(blocks, offsets, strict=True)]),
+        *(np.concatenate([getattr(b, f) for b in blocks]) for f in ("start", "end", "name")))
+
+
+class GzipWriter:
+    """A gzip stream written piece by piece into a binary file object (one gzip member).
+
+    ``sync()`` ends the deflate block so everything written so far can be decompressed from
+    the file (a crash loses at most what came after); ``close()`` writes the gzip trailer.
+    ``backend`` is "zlib" or "isal" (ISA-L, same format, levels 0-3); the default is
+    ``GZIP_BACKEND``. Levels above 3 always use zlib.
+    """
+
+    def __init__(self, fileobj: Any, level: int = 1, backend: str | None = None):
+        backend = backend or GZIP_BACKEND
+        if backend == "isal" and _isal_zlib is not None and level <= 3:
+            self._zlib = _isal_zlib
+        elif backend in ("zlib", "isal"):
+            self._zlib = zlib
+        else:
+            raise ValueError(f"unknown gzip backend {backend!r}")
+        self._compressor = self._zlib.compressobj(level, self._zlib.DEFLATED, 31)  # 31: gzip
+        self._file = fileobj
+        self.bytes_in = 0
+
+    def write(self, data: bytes | np.ndarray) -> None:
+        """Compress and append one piece."""
+        self.bytes_in += data.nbytes if isinstance(data, np.ndarray) else len(data)
+        out = self._compressor.compress(data)
+        if out:
+            self._file.write(out)
+
+    def sync(self) -> None:
+        """Flush the compressor so the file holds a decompressible prefix."""
+        self._file.write(self._compressor.flush(self._zlib.Z_SYNC_FLUSH))
+
+    def close(self) -> None:
+        """Finish the gzip member (the file object stays open)."""
+        self._file.write(self._compressor.flush())
+
+
+def _write_window(window: WindowTrace, write: Callable[[bytes | np.ndarray], Any]) -> None:
+    writer = TraceWriter(write, job=window.job, rank=window.rank,
+                         window_start_ns=window.window_start_ns, window_ns=window.window_ns,
+                         host=window.host)
+    writer.add_kernels(window.names, window.kernel_name, window.stream, window.start_ns,
+                       window.dur_ns)
+    writer.finish(window.names, window.steps, window.stacks)
+
+
+def build_trace(window: WindowTrace) -> bytes:
+    """Serialize one window as a Perfetto ``Trace`` (uncompressed protobuf bytes)."""
+    chunks: list[bytes | np.ndarray] = []
+    _write_window(window, chunks.append)
+    return b"".join(memoryview(chunk) for chunk in chunks)
+
+
+def build_trace_gz(window: WindowTrace, level: int = 1, backend: str | None = None) -> bytes:
+    """Gzip of ``build_trace(window)``, compressed piece by piece without joining them first.
+
+    ``backend`` is "zlib" or "isal" (see :class:`GzipWriter`).
+    """
+    out = io.BytesIO()
+    gz = GzipWriter(out, level, backend)
+    _write_window(window, gz.write)
+    gz.close()
+    return out.getvalue()

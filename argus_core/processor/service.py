@@ -26,12 +26,15 @@ from aiohttp import web
 
 from argus_core.processor.ingest import BodyError, decode_body, parse_body
 from argus_core.processor.store import DEFAULT_MAX_SPOOL_BYTES
-from argus_core.processor.windows import ClosedWindow, WindowStore
+from argus_core.processor.window_output import WindowOutput
+from argus_core.processor.windows import KernelChunk, Window, WindowStore
 from argus_core.schema import KernelBatch
-from argus_core.summaries import KernelSummary, summarize_kernels, top_kernels
-from argus_core.trace import KernelTable
+from argus_core.summaries import KernelSummary, top_kernels
 
 logger = logging.getLogger("argus_core.processor")
+
+WINDOWS_DIR = "windows"
+"""Subdirectory of the spool where windows being written live (``.part`` + ``.key`` files)."""
 
 
 @dataclass(frozen=True)
@@ -47,14 +50,22 @@ class ProcessorConfig:
     window_s: float = 60.0
     grace_s: float = 10.0
     max_body_bytes: int = 64 << 20  # decompressed
-    max_buffered_events: int = 40_000_000  # ~1.1 GB of kernel columns
+    max_buffered_events: int = 4_000_000  # kernel events not yet absorbed (~110 MB)
     max_pending_windows: int = 64  # closed windows waiting to be written
+    chunk_events: int = 65_536  # a window's kernels go to disk and sketch in chunks this big
     top_k: int = 32
-    retry_after_s: int = 2
+    retry_after_s: int = 1
 
 
 class Processor:
-    """Owns the windows, the writer thread, the uploader and the service's own counters."""
+    """Owns the windows, the writer thread, the uploader and the service's own counters.
+
+    The event loop parses bodies and files kernels into windows; every ``chunk_events``
+    kernels of a window go to the single writer thread, which appends them to the window's
+    Perfetto file on disk and its duration sketch. Closing a window finishes both: the file
+    moves into the upload spool, the sketch becomes the window's /metrics summaries. Memory
+    therefore follows the chunk size and the number of open windows, not the window length.
+    """
 
     def __init__(self, config: ProcessorConfig, uploader=None):
         from argus_core.processor.store import Uploader, open_store
@@ -63,10 +74,11 @@ class Processor:
         self.windows = WindowStore(config.window_s, config.grace_s)
         self.uploader = uploader or Uploader(open_store(config.store), Path(config.spool_dir),
                                              config.max_spool_bytes)
+        self.work_dir = Path(self.uploader.spool_dir) / WINDOWS_DIR
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="argus-writer")
         self._lock = threading.Lock()  # windows are touched by the loop and by shutdown
-        self.pending_windows = 0
-        self.pending_events = 0  # kernel events of closed windows not yet written
+        self.pending_windows = 0  # closed windows not yet finished by the writer
+        self.pending_events = 0  # kernel events handed to the writer, not yet absorbed
         self.draining = False
         self.records_in = 0
         self.kernel_events_in = 0
@@ -74,8 +86,11 @@ class Processor:
         self.rejected: Counter = Counter()
         self.windows_written = 0
         self.kernel_events_written = 0
+        self.reordered_kernels = 0
         self.write_errors = 0
+        self.salvaged_windows = 0
         self.latest: dict[tuple[str, int], tuple[int, KernelSummary]] = {}
+        self._salvage()
 
     # -- intake ---------------------------------------------------------------------------
     def overloaded(self) -> bool:
@@ -99,6 +114,12 @@ class Processor:
                 late += self.windows.add(record)
                 if isinstance(record, KernelBatch):
                     self.kernel_events_in += len(record.name)
+            # Partly filled chunks of many windows can add up too: past half the budget,
+            # everything held goes to the writer, so 503s always clear.
+            crowded = self.windows.buffered_events >= self.config.max_buffered_events // 2
+            for window, chunk in self.windows.chunks(1 if crowded else self.config.chunk_events):
+                self.pending_events += len(chunk)
+                self._writer.submit(self._absorb, window, chunk)
         self.records_in += len(result.records)
         self.rejected.update(result.reasons)
         if late:
@@ -111,50 +132,87 @@ class Processor:
             return 400, answer
         return 200, answer
 
-    # -- closing and writing windows -----------------------------------------------------
+    # -- writing windows (on the writer thread) ---------------------------------------------
     def close_due(self, everything: bool = False) -> list:
-        """Hand windows whose time has passed (or all) to the writer thread."""
+        """Hand windows whose time has passed (or all) to the writer thread to finish."""
+        futures = []
         with self._lock:
             ready = self.windows.close_all() if everything else self.windows.due()
-            self.pending_windows += len(ready)
-            self.pending_events += sum(len(w.name) for w in ready)
-        return [self._writer.submit(self._write, window) for window in ready]
+            for window, chunk in ready:
+                self.pending_windows += 1
+                self.pending_events += len(chunk)
+                futures.append(self._writer.submit(self._finish, window, chunk))
+        return futures
 
-    def _write(self, window: ClosedWindow) -> None:
+    def _output(self, window: Window) -> WindowOutput:
+        from argus_core.processor.store import trace_key
+
+        if window.output is None:
+            key = trace_key(self.uploader.store.prefix, window.job, window.rank,
+                            window.start_ns)
+            window.output = WindowOutput(self.work_dir, key, job=window.job, rank=window.rank,
+                                         window_start_ns=window.start_ns,
+                                         window_ns=window.window_ns,
+                                         host=self.windows.host(window.job, window.rank))
+        return window.output
+
+    def _absorb(self, window: Window, chunk: KernelChunk) -> None:
+        """Writer thread: append a chunk to the window's file and sketch."""
         try:
-            self.write_window(window)
-            self.windows_written += 1
-            self.kernel_events_written += len(window.name)
+            if not window.failed:
+                self._output(window).add(self.windows.names.names, chunk)
         except Exception:
-            self.write_errors += 1
-            logger.exception("argus processor: could not write window %s/%s@%s",
-                             window.job, window.rank, window.start_ns)
+            self._failed(window)
+        finally:
+            with self._lock:
+                self.pending_events -= len(chunk)
+
+    def _finish(self, window: Window, chunk: KernelChunk) -> None:
+        """Writer thread: the last chunk, then the finished file to the spool, summaries out."""
+        try:
+            self._absorb(window, chunk)
+            if window.failed:
+                return
+            output = self._output(window)
+            try:
+                summary = output.finish(self.windows.names.names, window.steps, window.stacks)
+            except Exception:
+                self._failed(window)
+                return
+            self.uploader.submit_file(output.key, output.path)
+            output.discard()  # the key file (the trace itself has moved into the spool)
+            if len(summary):
+                self.latest[(window.job, window.rank)] = (
+                    window.start_ns, top_kernels(summary, self.config.top_k))
+            self.windows_written += 1
+            self.kernel_events_written += output.trace.kernels
+            self.reordered_kernels += output.trace.reordered
         finally:
             with self._lock:
                 self.pending_windows -= 1
-                self.pending_events -= len(window.name)
 
-    def write_window(self, window: ClosedWindow) -> None:
-        """Compress the window's kernels for /metrics and store its Perfetto file."""
-        from argus_core.processor.perfetto import WindowTrace, build_trace_gz
-        from argus_core.processor.store import trace_key
+    def _failed(self, window: Window) -> None:
+        self.write_errors += 1
+        logger.exception("argus processor: could not write window %s/%s@%s", window.job,
+                         window.rank, window.start_ns)
+        if window.output is not None:
+            window.output.discard()
+        window.failed = True
 
-        if len(window.name):
-            table = KernelTable(np.full(len(window.name), window.rank, dtype=np.int64),
-                                window.name, window.stream, window.start, window.dur,
-                                window.names)
-            summary = summarize_kernels(table, window.window_ns / 1e9,
-                                        window_index=window.start_ns // window.window_ns)
-            self.latest[(window.job, window.rank)] = (
-                window.start_ns, top_kernels(summary, self.config.top_k))
-        trace = WindowTrace(
-            job=window.job, rank=window.rank, window_start_ns=window.start_ns,
-            window_ns=window.window_ns, host=window.host, names=window.names,
-            kernel_name=window.name, stream=window.stream, start_ns=window.start,
-            dur_ns=window.dur, steps=[_step_dict(s) for s in window.steps],
-            stacks=[_stack_dict(s) for s in window.stacks])
-        self.uploader.submit(trace_key(self.uploader.store.prefix, window.job, window.rank,
-                                       window.start_ns), build_trace_gz(trace))
+    def _salvage(self) -> None:
+        """Upload what a previous processor left of the windows it was writing (a crash)."""
+        from argus_core.processor.window_output import leftovers, salvage
+
+        for key, part, key_path in leftovers(self.work_dir):
+            data = salvage(part)
+            if data is not None:
+                self.uploader.submit(key, data)
+                self.salvaged_windows += 1
+                logger.warning("argus processor: salvaged unfinished window %s", key)
+            else:
+                logger.warning("argus processor: unfinished window %s held nothing usable", key)
+            part.unlink(missing_ok=True)
+            key_path.unlink(missing_ok=True)
 
     def drain(self, timeout: float = 60.0) -> None:
         """Shutdown: close every window, write them all, flush the uploader."""
@@ -212,7 +270,8 @@ class Processor:
         yield gauge("argus_processor_open_windows", "Windows buffering records.",
                     len(self.windows.open))
         yield gauge("argus_processor_buffered_kernel_events",
-                    "Kernel events held in memory (open windows and windows being written).",
+                    "Kernel events held in memory, not yet absorbed into windows' files and "
+                    "sketches.",
                     self.windows.buffered_events + self.pending_events)
         yield gauge("argus_processor_pending_windows", "Closed windows waiting to be written.",
                     self.pending_windows)
@@ -223,6 +282,13 @@ class Processor:
                       self.kernel_events_written)
         yield counter("argus_processor_window_errors", "Windows that failed to be written.",
                       self.write_errors)
+        yield counter("argus_processor_reordered_kernels",
+                      "Kernels that arrived after later ones of their stream had been written "
+                      "(they go to a 'reordered' lane of the stream's track).",
+                      self.reordered_kernels)
+        yield counter("argus_processor_salvaged_windows",
+                      "Unfinished windows of a previous (crashed) run uploaded at start.",
+                      self.salvaged_windows)
         stats = self.uploader.stats
         yield counter("argus_processor_upload_failures", "Failed upload attempts.",
                       stats.failures)
@@ -342,12 +408,13 @@ async def _drain(app: web.Application) -> None:
 
 
 def tune_malloc() -> None:
-    """Make freed kernel columns go back to the OS (glibc only; a no-op elsewhere).
+    """Cap glibc's malloc arenas at two (glibc only; a no-op elsewhere).
 
-    Request batches are many ~80 KB arrays: below glibc's default mmap threshold they come
-    from heap arenas that fragment and never shrink, so RSS would creep although the data
-    held is bounded. Serving them from mmap (threshold 32 KB) and capping the arenas keeps
-    RSS tracking what is actually held.
+    The processor has two busy threads (the event loop and the writer); glibc would give
+    each its own arenas, up to 8 x cores, and memory freed in one is not reused by the other,
+    so RSS creeps. Two arenas keep RSS flat. The mmap threshold is left to glibc: serving
+    every mid-sized numpy temporary from fresh mmap pages (a low fixed threshold) costs a page
+    fault per 4 KB, about +50% CPU per kernel event here.
     """
     import ctypes
     import ctypes.util
@@ -356,10 +423,8 @@ def tune_malloc() -> None:
     if not name:
         return
     with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(name)
-        m_mmap_threshold, m_arena_max = -3, -8
-        libc.mallopt(m_mmap_threshold, 32 * 1024)
-        libc.mallopt(m_arena_max, 2)
+        m_arena_max = -8
+        ctypes.CDLL(name).mallopt(m_arena_max, 2)
 
 
 def serve(config: ProcessorConfig) -> None:

@@ -35,13 +35,14 @@ import logging
 import os
 import random
 import re
+import shutil
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, BinaryIO, Protocol, runtime_checkable
 from urllib.parse import unquote, unquote_to_bytes, urlparse
 
 log = logging.getLogger(__name__)
@@ -201,6 +202,10 @@ class TraceStore(Protocol):
         """Store ``data`` under ``key`` (replacing it); raises StoreError on failure."""
         ...
 
+    def put_file(self, key: str, path: Path) -> None:
+        """Store the file at ``path`` under ``key``, streaming it (never whole in memory)."""
+        ...
+
     def list(self, prefix: str = "", *, start_after: str = "") -> list[ObjectInfo]:
         """Objects whose key starts with ``prefix`` (and sorts after ``start_after``), by key."""
         ...
@@ -232,6 +237,16 @@ class FileStore:
             _write_atomic(path, data)
         except OSError as exc:
             raise StoreError(f"cannot write {path}: {exc}") from exc
+
+    def put_file(self, key: str, path: Path) -> None:
+        """Copy a file in through a temporary name and rename."""
+        target = self._path(key)
+        with open(path, "rb") as source:  # a missing source is the caller's, not the store's
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                _write_atomic(target, source)
+            except OSError as exc:
+                raise StoreError(f"cannot write {target}: {exc}") from exc
 
     def list(self, prefix: str = "", *, start_after: str = "") -> list[ObjectInfo]:
         """Walk only the directory the prefix names, skipping temporary (dot) files."""
@@ -311,6 +326,15 @@ class S3Store:
                                     ContentType=_content_type(key))
         except Exception as exc:  # botocore raises many unrelated types
             raise self._fail("write", key, exc) from exc
+
+    def put_file(self, key: str, path: Path) -> None:
+        """One ``put_object`` whose body is streamed from the file."""
+        with open(path, "rb") as body:  # a missing source is the caller's, not the store's
+            try:
+                self._client.put_object(Bucket=self.bucket, Key=key, Body=body,
+                                        ContentType=_content_type(key))
+            except Exception as exc:
+                raise self._fail("write", key, exc) from exc
 
     def list(self, prefix: str = "", *, start_after: str = "") -> list[ObjectInfo]:
         """``list_objects_v2`` over all pages; ``start_after`` skips keys server-side."""
@@ -473,12 +497,18 @@ def _unb64(text: str) -> str:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode("utf-8")
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write a temporary file next to ``path``, fsync it, and rename it into place."""
+def _write_atomic(path: Path, data: bytes | BinaryIO) -> None:
+    """Write a temporary file next to ``path``, fsync it, and rename it into place.
+
+    ``data`` is bytes, or a binary file object copied in pieces.
+    """
     tmp = path.with_name(f"{_TMP_PREFIX}{path.name}.{os.getpid()}.{random.getrandbits(32):08x}")
     try:
         with open(tmp, "wb") as fh:
-            fh.write(data)
+            if isinstance(data, bytes | bytearray | memoryview):
+                fh.write(data)
+            else:
+                shutil.copyfileobj(data, fh, 1 << 20)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -573,6 +603,48 @@ class Uploader:
             heapq.heappush(self._queue, entry)
             self._cond.notify_all()
 
+    def submit_file(self, key: str, path: Path) -> bool:
+        """Move a finished file (on the spool's filesystem) into the spool for upload.
+
+        The file is renamed, never read: a window's trace reaches the store without being
+        held in memory. Returns False, and deletes the file, when the spool is full (counted
+        as dropped) or the move fails.
+        """
+        path = Path(path)
+        try:
+            size = path.stat().st_size
+        except OSError as exc:
+            self.stats.add(dropped_files=1)
+            self._drop_log.warning("cannot spool %s: %s", key, exc)
+            return False
+        with self._cond:
+            room = self._bytes + size <= self.max_spool_bytes
+            if room:
+                self._bytes += size
+                self._seq += 1
+                seq = self._seq
+        try:
+            if not room:
+                self.stats.add(dropped_files=1, dropped_bytes=size)
+                self._drop_log.warning("trace spool %s full (%d of %d bytes): dropped %s",
+                                       self.spool_dir, self._bytes, self.max_spool_bytes, key)
+                return False
+            try:
+                entry = self._place(seq, key, size, lambda target: os.replace(path, target))
+            except Exception as exc:
+                with self._cond:
+                    self._bytes -= size
+                self.stats.add(dropped_files=1, dropped_bytes=size)
+                self._drop_log.warning("cannot spool %s into %s: %s", key, self.spool_dir, exc)
+                return False
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()  # still there only if it was not moved
+        with self._cond:
+            heapq.heappush(self._queue, entry)
+            self._cond.notify_all()
+        return True
+
     def flush(self, timeout: float) -> bool:
         """Upload everything spooled now (cutting a backoff short); True if the spool is empty."""
         deadline = time.monotonic() + max(timeout, 0.0)
@@ -612,6 +684,10 @@ class Uploader:
 
     def _write(self, seq: int, key: str, data: bytes) -> _Spooled:
         """Write one spool file (and a key sidecar when the key does not fit in the name)."""
+        return self._place(seq, key, len(data), lambda target: _write_atomic(target, data))
+
+    def _place(self, seq: int, key: str, size: int, put: Any) -> _Spooled:
+        """Name a spool entry, write its key sidecar if needed, and ``put(path)`` its data."""
         name = f"{seq:0{_SEQ_DIGITS}d}-{_b64(key)}.spool"
         sidecar = None
         if len(name) > _MAX_NAME:
@@ -620,13 +696,13 @@ class Uploader:
             _write_atomic(sidecar, key.encode("utf-8"))
         path = self.spool_dir / name
         try:
-            _write_atomic(path, data)
+            put(path)
         except BaseException:
             if sidecar is not None:
                 with contextlib.suppress(OSError):
                     sidecar.unlink()
             raise
-        return _Spooled(seq, path, key, len(data), sidecar)
+        return _Spooled(seq, path, key, size, sidecar)
 
     def _recover(self) -> None:
         """Rebuild the queue from the spool directory (a restarted processor resumes uploads)."""
@@ -710,15 +786,22 @@ class Uploader:
 
     def _upload(self, entry: _Spooled) -> bool:
         """Try one upload; True when the file is gone from the spool (uploaded or vanished)."""
-        try:
-            data = entry.path.read_bytes()
-        except FileNotFoundError:
+        if not entry.path.exists():
             log.warning("spool file %s vanished before upload; counted as dropped", entry.path)
             self.stats.add(dropped_files=1, dropped_bytes=entry.size)
             self._forget(entry)
             return True
         try:
-            self.store.put(entry.key, data)
+            put_file = getattr(self.store, "put_file", None)
+            if put_file is not None:  # streamed: a window's file is never whole in memory
+                put_file(entry.key, entry.path)
+            else:
+                self.store.put(entry.key, entry.path.read_bytes())
+        except FileNotFoundError:
+            log.warning("spool file %s vanished during upload; counted as dropped", entry.path)
+            self.stats.add(dropped_files=1, dropped_bytes=entry.size)
+            self._forget(entry)
+            return True
         except Exception as exc:
             self.stats.add(failures=1)
             self._fail_log.warning("trace upload failed, will retry (%d pending): %s",
@@ -728,7 +811,7 @@ class Uploader:
             if path is not None:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
-        self.stats.add(uploaded_files=1, uploaded_bytes=len(data))
+        self.stats.add(uploaded_files=1, uploaded_bytes=entry.size)
         self._forget(entry)
         return True
 

@@ -6,12 +6,14 @@ keep per cluster its count, sum, min, max, p50 and p99. Multimodal kernels (a sm
 AllGather under one name) keep their modes apart; a window of millions of events becomes a few
 numbers per group.
 
-All groups are processed at once: each group gets its own log-spaced grid spanning its own
-range (no fixed duration ceiling), events are binned with one ``bincount``, every group's
-histogram is smoothed in one batched FFT, and valleys are found and filtered with array
-operations. Cost is O(events + groups x grid); quantiles come from the per-group histogram,
-interpolated within a bin and clamped to the cluster's exact min and max, so their error is
-below one grid step (range / grid_size in log space, typically < 0.5% of the duration).
+Durations first go into a :class:`~argus_core.stats.sketch.DurationSketch` (exact moments and
+extremes, plus a 0.2%-wide log histogram per group), so a window can be absorbed batch by
+batch in fixed memory. Then all groups are clustered at once: each group gets its own
+log-spaced KDE grid spanning its own range (no fixed duration ceiling), the fine bins are
+re-binned onto it with one ``bincount``, every group's histogram is smoothed in one batched
+FFT, and valleys are found and filtered with array operations. Cost is O(events + groups x
+grid). Counts, sums and extremes are exact; quantiles are interpolated within a fine bin and
+clamped to the cluster's min and max, so their error is below 0.2% of the duration.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.fft
 
-from argus_core.stats.grouping import first_of, group_starts
+from argus_core.stats.grouping import group_starts
+from argus_core.stats.sketch import BIN_WIDTH, DurationSketch
 
 QUANTILES = (0.5, 0.99)
 
@@ -70,35 +73,56 @@ def compress(group: np.ndarray, dur_ns: np.ndarray, n_groups: int | None = None,
     ``group`` holds dense group ids (0..n_groups-1) and ``dur_ns`` the durations in ns (>= 0;
     0 is treated as 1 ns). Groups with no events produce no rows.
     """
-    config = config or CompressionConfig()
-    group = np.asarray(group, dtype=np.int64)
-    n_groups = int(group.max()) + 1 if n_groups is None and len(group) else (n_groups or 0)
-    x = np.log(np.maximum(np.asarray(dur_ns, dtype=np.float64), 1.0))
-    grid = config.grid_size
+    return compress_sketch(DurationSketch.of(group, dur_ns, n_groups), config)
 
-    count = np.bincount(group, minlength=n_groups).astype(np.float64)
+
+def compress_sketch(sketch: DurationSketch, config: CompressionConfig | None = None,
+                    ) -> ClusterTable:
+    """Cluster every group of a duration sketch at KDE valleys and summarise every cluster.
+
+    The sketch's fine bins (0.2% wide) are re-binned onto each group's KDE grid; the KDE
+    bandwidth is Scott's rule on the exact moments, and never narrower than a fine bin (the
+    histogram's own resolution). Counts, sums, minima and maxima of groups are exact; cluster
+    quantiles are interpolated within a fine bin and clamped to the cluster's extremes.
+    """
+    config = config or CompressionConfig()
+    grid = config.grid_size
+    n_groups = sketch.n_groups
+    count = sketch.count.astype(np.float64)
     present = count > 0
     safe_count = np.maximum(count, 1.0)
-    mean = np.bincount(group, x, minlength=n_groups) / safe_count
-    var = np.bincount(group, x * x, minlength=n_groups) / safe_count - mean * mean
-    sigma = np.sqrt(np.maximum(var, 0.0))
-    lo = np.full(n_groups, np.inf)
-    hi = np.full(n_groups, -np.inf)
-    np.minimum.at(lo, group, x)
-    np.maximum.at(hi, group, x)
-    lo[~present] = hi[~present] = 0.0
+    mean = sketch.sum_x / safe_count
+    sigma = np.sqrt(np.maximum(sketch.sum_x2 / safe_count - mean * mean, 0.0))
+    lo = np.where(present, np.log(np.where(present, sketch.min_ns, 1.0)), 0.0)
+    hi = np.where(present, np.log(np.where(present, sketch.max_ns, 1.0)), 0.0)
 
     # Each group's own grid: its range plus 3 bandwidths each side (no fixed ceiling).
-    bandwidth = sigma * safe_count ** -0.2  # Scott's rule in one dimension
+    bandwidth = np.maximum(sigma * safe_count ** -0.2, BIN_WIDTH)  # Scott's rule, >= a bin
     origin = lo - 3 * bandwidth
-    width = np.maximum(hi - lo + 6 * bandwidth, 1e-9)  # identical durations: a tiny grid
-    step = width / grid
-    bin_of_event = np.clip(((x - origin[group]) / step[group]).astype(np.int64), 0, grid - 1)
-    flat_bin = group * grid + bin_of_event
-    hist = np.bincount(flat_bin, minlength=n_groups * grid).reshape(n_groups, grid)
+    step = np.maximum(hi - lo + 6 * bandwidth, 1e-9) / grid
+
+    e_group, e_bin, e_count = sketch.occupied()
+    e_lo = np.clip(e_bin * BIN_WIDTH, lo[e_group], hi[e_group])  # each bin's span, clamped
+    e_hi = np.clip((e_bin + 1) * BIN_WIDTH, lo[e_group], hi[e_group])  # to the exact extremes
+    cell = np.clip(((0.5 * (e_lo + e_hi) - origin[e_group]) / step[e_group]).astype(np.int64),
+                   0, grid - 1)
+    flat_cell = e_group * grid + cell
+    hist = np.bincount(flat_cell, e_count, minlength=n_groups * grid).reshape(n_groups, grid)
 
     boundaries = _valley_boundaries(hist, count, bandwidth / step, step, config)
-    return _summarise(group, x, dur_ns, flat_bin, hist, boundaries, origin, step, n_groups)
+    return _summarise(sketch, _Bins(e_group, e_lo, e_hi, e_count, flat_cell), boundaries,
+                      n_groups, grid)
+
+
+@dataclass
+class _Bins:
+    """The sketch's occupied fine bins, in layout order (group, then duration)."""
+
+    group: np.ndarray
+    lo: np.ndarray  # ln of the bin's lower edge, clamped to the group's minimum
+    hi: np.ndarray  # ln of the upper edge, clamped to the group's maximum
+    count: np.ndarray
+    cell: np.ndarray  # group * grid + the KDE grid cell the bin falls in
 
 
 def kde_density(hist: np.ndarray, bandwidth_bins: np.ndarray) -> np.ndarray:
@@ -194,54 +218,42 @@ def _valley_boundaries(hist: np.ndarray, count: np.ndarray, bandwidth_bins: np.n
     return out_group[order], out_bin[order]
 
 
-def _summarise(group: np.ndarray, x: np.ndarray, dur_ns: np.ndarray, flat_bin: np.ndarray,
-               hist: np.ndarray, boundaries: tuple[np.ndarray, np.ndarray], origin: np.ndarray,
-               step: np.ndarray, n_groups: int) -> ClusterTable:
-    """Per-cluster count, sum, min, max and interpolated histogram quantiles."""
-    grid = hist.shape[1]
-    b_group, b_bin = boundaries
+def _summarise(sketch: DurationSketch, bins: _Bins, boundaries: tuple[np.ndarray, np.ndarray],
+               n_groups: int, grid: int) -> ClusterTable:
+    """Per-cluster count, sum, min, max and quantiles interpolated within the fine bins."""
+    b_group, b_cell = boundaries
     n_clusters = 1 + np.bincount(b_group, minlength=n_groups)
-    n_clusters[np.bincount(group, minlength=n_groups) == 0] = 0
+    n_clusters[sketch.count == 0] = 0
     first = np.r_[0, np.cumsum(n_clusters)[:-1]]
     total = int(n_clusters.sum())
-
-    # Cluster bin ranges [start, end) within the group's grid.
     c_group = np.repeat(np.arange(n_groups), n_clusters)
     c_index = np.arange(total) - first[c_group]
-    c_start = np.zeros(total, dtype=np.int64)
-    rank_in_group = np.arange(len(b_group)) - first_of(b_group)
-    c_start[first[b_group] + rank_in_group + 1] = b_bin
-    nxt_same = np.r_[c_group[1:] == c_group[:-1], False]
-    c_end = np.where(nxt_same, np.r_[c_start[1:], 0], grid)
 
-    # Cluster of every event: boundaries marked on the grid, cumulated along each row.
+    # Cluster of every fine bin: boundaries marked on the grid, cumulated along each row.
     marks = np.zeros(n_groups * grid, dtype=np.int16)
-    marks[b_group * grid + b_bin] = 1
-    cluster_of_bin = np.cumsum(marks.reshape(n_groups, grid), axis=1, dtype=np.int16).ravel()
-    cid = first[group] + cluster_of_bin[flat_bin]
-    count = np.bincount(cid, minlength=total)
-    sums = np.bincount(cid, np.asarray(dur_ns, dtype=np.float64), minlength=total)
-    lo = np.full(total, np.inf)
-    hi = np.full(total, -np.inf)
-    np.minimum.at(lo, cid, x)
-    np.maximum.at(hi, cid, x)
+    marks[b_group * grid + b_cell] = 1
+    cluster_of_cell = np.cumsum(marks.reshape(n_groups, grid), axis=1, dtype=np.int16).ravel()
+    cid = first[bins.group] + cluster_of_cell[bins.cell]  # non-decreasing: bins are in order
+    count = np.bincount(cid, bins.count, minlength=total).astype(np.int64)
+    # Sums: bin midpoints, rescaled so that every group's total is its exact sum.
+    approx = bins.count * np.exp(0.5 * (bins.lo + bins.hi))
+    per_group = np.bincount(bins.group, approx, minlength=n_groups)
+    scale = sketch.sum_ns / np.where(per_group > 0, per_group, 1.0)
+    sums = np.bincount(cid, approx, minlength=total) * scale[c_group]
 
-    cumulative = np.r_[0, np.cumsum(hist.ravel())]
-    base = cumulative[c_group * grid + c_start]
-    flat_hist = hist.ravel()
+    c_first = np.searchsorted(cid, np.arange(total), side="left")
+    c_last = np.maximum(np.searchsorted(cid, np.arange(total), side="right") - 1, c_first)
+    lo, hi = bins.lo[c_first], bins.hi[c_last]
+    cumulative = np.r_[0, np.cumsum(bins.count)]
     quantiles = []
     for q in QUANTILES:
         # Sample i (0-based, sorted) sits at cumulative rank i + 0.5, so this matches
         # numpy's default (linear) percentile definition q * (n - 1) on exact data.
-        target = base + q * (count - 1) + 0.5
-        j = np.searchsorted(cumulative, target, side="left") - 1
-        j = np.clip(j, c_group * grid + c_start, c_group * grid + c_end - 1)
-        within = (target - cumulative[j]) / np.maximum(flat_hist[j], 1)
-        log_q = origin[c_group] + (j - c_group * grid + np.clip(within, 0, 1)) * step[c_group]
+        target = cumulative[c_first] + q * (count - 1) + 0.5
+        j = np.clip(np.searchsorted(cumulative, target, side="left") - 1, c_first, c_last)
+        within = np.clip((target - cumulative[j]) / np.maximum(bins.count[j], 1), 0.0, 1.0)
+        log_q = bins.lo[j] + within * (bins.hi[j] - bins.lo[j])
         quantiles.append(np.exp(np.clip(log_q, lo, hi)))
-    # Durations are >= 1 ns after the log clamp; report what was measured.
     return ClusterTable(
-        group=c_group, cluster=c_index.astype(np.int16), count=count.astype(np.int64),
-        sum_ns=sums, min_ns=np.exp(lo), max_ns=np.exp(hi),
-        p50_ns=quantiles[0], p99_ns=quantiles[1])
-
+        group=c_group, cluster=c_index.astype(np.int16), count=count, sum_ns=sums,
+        min_ns=np.exp(lo), max_ns=np.exp(hi), p50_ns=quantiles[0], p99_ns=quantiles[1])
