@@ -10,10 +10,13 @@ closing while the load runs. 503 answers are retried after Retry-After, as Vecto
 the end the processor gets SIGTERM and drains. Fields: ``events_per_s`` (kernel events
 accepted, compressed and written into Perfetto files, over the load's wall time plus the
 drain: work still queued when the load stops is not free), ``accepted_per_s`` (acknowledged
-events over the load's wall time alone), ``rss_growth_mb`` (processor RSS at the end of the load
-minus once every rank has written its first window), ``lost`` (acknowledged events minus events
-written to Perfetto windows), plus how many windows and files were written.
-Bodies are built before the clock starts, so the generator costs only the posting. Baseline
+events over the load's wall time alone), ``processor_cpu_ns_per_event`` (the processor's
+CPU time, all threads, per event), ``rss_growth_mb`` (processor RSS at the end of the load
+minus once every rank has written its first window), ``rss_max_mb`` and
+``rss_slope_mb_per_min`` (RSS sampled every 200 posts after that), ``lost`` (acknowledged
+events minus events written to Perfetto windows), plus how many files were written.
+Bodies are built before the clock starts (``--live``: while posting, for soaks that would not
+fit in memory), so the generator costs only the posting. Baseline
 measured in the same run: the same bodies posted to a server that only reads them, i.e. what
 loopback HTTP and aiohttp themselves carry on this machine.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import http.client
+import itertools
 import os
 import signal
 import socket
@@ -49,16 +53,42 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def body_for(rng: np.random.Generator, rank: int, t_ns: int) -> bytes:
-    """One gzip NDJSON body: a kernels record of BATCH kernels starting at t_ns."""
-    name = rng.integers(0, len(NAMES), BATCH).astype(np.int32)
-    dur = (np.exp(rng.normal(np.log(2e4), 0.5, BATCH)) * (1 + 4 * (name >= 40))).astype(
-        np.int64)
-    start = t_ns + np.sort(rng.integers(0, STEP_NS, BATCH))
-    stream = np.where(name >= 40, 13, 7).astype(np.int64)
-    record = {"v": 1, "kind": "kernels", "job": "bench", "rank": rank, "names": NAMES,
-              "name": name, "stream": stream, "start_ns": start, "dur_ns": dur}
-    return gzip.compress(orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n", 1)
+class Bodies:
+    """Request bodies: one gzip NDJSON ``kernels`` record of BATCH kernels each.
+
+    Kernel names, streams, durations and start offsets come from a pool of pre-drawn
+    columns, so making a body costs one JSON encode and one gzip (about 1 ms): fast enough
+    to build bodies while posting in long soaks without the generator setting the rate.
+    """
+
+    def __init__(self, pool: int = 32, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        self.pool = []
+        for _ in range(pool):
+            name = rng.integers(0, len(NAMES), BATCH).astype(np.int32)
+            dur = (np.exp(rng.normal(np.log(2e4), 0.5, BATCH)) * (1 + 4 * (name >= 40))).astype(
+                np.int64)
+            offset = np.sort(rng.integers(0, STEP_NS, BATCH))
+            stream = np.where(name >= 40, 13, 7).astype(np.int64)
+            self.pool.append((name, stream, offset, dur))
+        self.made = 0
+
+    def body(self, rank: int, t_ns: int) -> bytes:
+        """One body for ``rank`` whose kernels start within STEP_NS of ``t_ns``."""
+        name, stream, offset, dur = self.pool[self.made % len(self.pool)]
+        self.made += 1
+        record = {"v": 1, "kind": "kernels", "job": "bench", "rank": rank, "names": NAMES,
+                  "name": name, "stream": stream, "start_ns": offset + t_ns, "dur_ns": dur}
+        return _gzip(orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+
+
+def _gzip(data: bytes) -> bytes:
+    try:
+        from isal import isal_zlib
+    except ImportError:
+        return gzip.compress(data, 1)
+    compressor = isal_zlib.compressobj(1, isal_zlib.DEFLATED, 31)
+    return compressor.compress(data) + compressor.flush()
 
 
 def scrape(port: int) -> dict[str, float]:
@@ -82,28 +112,21 @@ def wait_ready(port: int, timeout: float = 30) -> None:
     raise RuntimeError("processor did not start")
 
 
-def make_bodies(seconds: float, ranks: int, rate: float = 1.5e6) -> list[tuple[int, bytes]]:
+def make_bodies(seconds: float, ranks: int, rate: float = 2.5e6) -> list[tuple[int, bytes]]:
     """Bodies for the whole run, built before timing starts (enough for ``rate`` events/s),
     so the load generator is not what is measured."""
-    rng = np.random.default_rng(0)
-    count = int(seconds * rate / BATCH) + ranks
-    t_ns = [T0] * ranks
-    bodies = []
-    for i in range(count):
-        rank = i % ranks
-        bodies.append((rank, body_for(rng, rank, t_ns[rank])))
-        t_ns[rank] += STEP_NS
+    bodies = list(itertools.islice(live_bodies(ranks), int(seconds * rate / BATCH) + ranks))
     return bodies
 
 
 def live_bodies(ranks: int):
-    """Bodies built while posting (for long soaks, where prebuilding would not fit in RAM)."""
-    rng = np.random.default_rng(0)
+    """Bodies round robin over the ranks, each rank's record time advancing STEP_NS a body."""
+    factory = Bodies()
     t_ns = [T0] * ranks
     i = 0
     while True:
         rank = i % ranks
-        yield rank, body_for(rng, rank, t_ns[rank])
+        yield rank, factory.body(rank, t_ns[rank])
         t_ns[rank] += STEP_NS
         i += 1
 
@@ -115,6 +138,7 @@ def load(port: int, seconds: float, ranks: int, bodies,
     headers = {"Content-Type": "application/x-ndjson", "Content-Encoding": "gzip"}
     acked = retries = posts = 0
     rss_warm = held_warm = None
+    samples: list[tuple[float, float, float]] = []  # (seconds, RSS bytes, held events)
     start = time.perf_counter()
     for _, body in bodies:
         if time.perf_counter() - start >= seconds:
@@ -130,14 +154,20 @@ def load(port: int, seconds: float, ranks: int, bodies,
         if response.status == 200:
             acked += BATCH
         posts += 1
-        if rss_warm is None and path != "/sink" and posts % 200 == 0:
-            metrics = scrape(port)  # warm once every rank has written a window
-            if metrics.get("argus_processor_windows_written_total", 0) >= ranks:
+        if path != "/sink" and posts % 200 == 0:
+            metrics = scrape(port)
+            if rss_warm is not None:
+                samples.append((time.perf_counter() - start,
+                                metrics.get("process_resident_memory_bytes", 0),
+                                metrics.get("argus_processor_buffered_kernel_events", 0)))
+            elif metrics.get("argus_processor_windows_written_total", 0) >= ranks:
+                # warm once every rank has written a window
                 rss_warm = metrics.get("process_resident_memory_bytes", 0)
                 held_warm = metrics.get("argus_processor_buffered_kernel_events", 0)
     elapsed = time.perf_counter() - start
     end = scrape(port) if path != "/sink" else {}
     return {"acked": acked, "posts": posts, "retries": retries, "seconds": elapsed,
+            "rss_samples": samples,
             "rss_warm": rss_warm, "rss_end": end.get("process_resident_memory_bytes", 0),
             "held_warm": held_warm,
             "held_end": end.get("argus_processor_buffered_kernel_events", 0)}
@@ -209,6 +239,7 @@ def main() -> int:
            "rss_warm_mb": (result["rss_warm"] or 0) / 2**20,
            "held_events_warm": result["held_warm"], "held_events_end": result["held_end"],
            "rss_end_mb": result["rss_end"] / 2**20,
+           **_rss_trend(result["rss_samples"]),
            "lost": result["acked"] - written if written is not None else None,
            "events_written": written, "files": len(files), "retries_503": result["retries"],
            "accepted_before_drain": before_drain.get("argus_processor_kernel_events_total"),
@@ -216,6 +247,18 @@ def main() -> int:
            "ratio_to_loopback": (written or 0) / total_s / base if base else None}
     report(out, args.json)
     return 0
+
+
+def _rss_trend(samples: list[tuple[float, float, float]]) -> dict:
+    """Highest RSS after warm-up and least-squares slopes (MB per minute) of RSS and of RSS
+    less the kernel events held (28 B each: what the writer's queue accounts for)."""
+    if len(samples) < 3:
+        return {"rss_max_mb": None, "rss_slope_mb_per_min": None, "rss_samples": len(samples)}
+    t, rss, held = (np.array(c, dtype=np.float64) for c in zip(*samples, strict=True))
+    slope = np.polyfit(t, rss / 2**20, 1)[0] * 60
+    beyond_held = np.polyfit(t, (rss - 28 * held) / 2**20, 1)[0] * 60
+    return {"rss_max_mb": float(rss.max()) / 2**20, "rss_slope_mb_per_min": float(slope),
+            "rss_less_held_slope_mb_per_min": float(beyond_held), "rss_samples": len(samples)}
 
 
 def _cpu_seconds(pid: int) -> float:

@@ -39,6 +39,16 @@ def test_bodies_decode(encoding, compress):
     assert decode_body(compress(body), encoding, 1 << 20) == body
 
 
+def test_multi_member_gzip_is_read_whole():
+    """Concatenated gzip members are one valid gzip body: every member's records count."""
+    first, second = ndjson(kernels()), ndjson(kernels(start=W))
+    body = gzip.compress(first) + gzip.compress(second)
+    assert decode_body(body, "gzip", 1 << 20) == first + second
+    with pytest.raises(BodyError) as exc:  # the cap holds across members
+        decode_body(body, "gzip", len(first) + 10)
+    assert exc.value.status == 413
+
+
 def test_decompression_bomb_is_refused():
     """A small gzip body that inflates past the limit is a 413, without inflating it all."""
     bomb = gzip.compress(b"\n" * (50 << 20))

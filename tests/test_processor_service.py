@@ -319,12 +319,12 @@ def test_partly_filled_chunks_of_many_windows_never_wedge_intake(tmp_path):
 
 
 # -- the real service process ----------------------------------------------------------------
-def start_processor(tmp_path: Path, store: str, env: dict | None = None) -> tuple:
+def start_processor(tmp_path: Path, store: str, env: dict | None = None, *args: str) -> tuple:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "argus_core.cli", "processor", "--listen", f"127.0.0.1:{port}",
          "--store", store, "--spool", str(tmp_path / "spool"), "--window", "60",
-         "--grace", "1"], env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+         "--grace", "1", *args], env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT)
     deadline = time.time() + 30
     while time.time() < deadline:
@@ -355,6 +355,35 @@ def test_sigterm_writes_every_open_window(tmp_path):
     assert "drained: windows=6 kernel_events_written=300" in output
     keys = [o.key for o in open_store(f"file://{tmp_path}/store").list()]
     assert len(keys) == 6
+
+
+def test_killed_processor_leaves_windows_the_next_one_uploads(tmp_path):
+    """SIGKILL mid-window (OOM killer, node drain gone wrong): the chunks already on disk are
+    uploaded by the next processor on the same spool."""
+    store = f"file://{tmp_path}/store"
+    proc, port = start_processor(tmp_path, store, None, "--chunk-events", "100")
+    batches = [kernel_batch(r, T0 + 1000, n=450) for r in range(2)]
+    assert http_post(port, ndjson_gz(*batches)) == 200
+    deadline = time.time() + 30  # wait until the writer has put chunks on disk
+    windows = tmp_path / "spool" / "windows"
+    while time.time() < deadline and len(list(windows.glob("*.part"))) < 2:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert len(list(windows.glob("*.part"))) == 2
+
+    proc, port = start_processor(tmp_path, store)
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=60)[0].decode()
+    assert proc.returncode == 0 and output.count("salvaged unfinished window") == 2, output
+    objects = open_store(store).list()
+    assert len(objects) == 2 and not list(windows.iterdir())
+    for info in objects:
+        batch = batches[parse_key(info.key).rank]
+        got, want = slices_in(open_store(store).get(info.key)), expected_slices(batch)
+        # Whole chunks survive; each stream's newest kernel was held back, not yet written.
+        assert set(got) <= set(want) and len(got) == len(want) - 2
 
 
 def test_s3_outage_mid_run_loses_no_window(tmp_path, s3):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -27,7 +29,7 @@ def test_batch_by_batch_equals_all_at_once(rows, cuts):
     dur = np.array([d for _, d in rows], dtype=np.int64)
     sketch = DurationSketch()
     bounds = [0, *sorted(c for c in cuts if c < len(rows)), len(rows)]
-    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+    for lo, hi in itertools.pairwise(bounds):
         sketch.add(group[lo:hi], dur[lo:hi])
     assert_same_clusters(compress_sketch(sketch), compress(group, dur))
 

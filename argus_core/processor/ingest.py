@@ -66,16 +66,25 @@ def decode_body(body: bytes, encoding: str | None, max_bytes: int) -> bytes:
 
 
 def _inflate(body: bytes, max_bytes: int) -> bytes:
-    inflater = _zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        data = inflater.decompress(body, max_bytes + 1)
-    except _zlib.error as exc:
-        raise BodyError(400, f"body is not valid gzip: {exc}") from None
-    if len(data) > max_bytes or inflater.unconsumed_tail:
-        raise BodyError(413, f"decompressed body exceeds the limit of {max_bytes} bytes")
-    if not inflater.eof:
-        raise BodyError(400, "body is not valid gzip: truncated")
-    return data
+    """Inflate a gzip body of one or more members (``cat a.gz b.gz`` is valid gzip too)."""
+    parts: list[bytes] = []
+    size = 0
+    rest = body
+    while True:
+        inflater = _zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            part = inflater.decompress(rest, max_bytes + 1 - size)
+        except _zlib.error as exc:
+            raise BodyError(400, f"body is not valid gzip: {exc}") from None
+        size += len(part)
+        parts.append(part)
+        if size > max_bytes or inflater.unconsumed_tail:
+            raise BodyError(413, f"decompressed body exceeds the limit of {max_bytes} bytes")
+        if not inflater.eof:
+            raise BodyError(400, "body is not valid gzip: truncated")
+        rest = inflater.unused_data
+        if not rest:
+            return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _unzstd(body: bytes, max_bytes: int) -> bytes:

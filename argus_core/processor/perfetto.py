@@ -1,31 +1,35 @@
 """Perfetto trace files: one (job, rank) window as a protobuf trace for ui.perfetto.dev.
 
 A file is a serialized ``perfetto.protos.Trace`` (a run of ``packet`` fields) on one packet
-sequence. Its head is built with ``TraceProtoBuilder``: the first packet clears the incremental
-state, interns the window's kernel names (``InternedData.event_names``) and holds a clock
-snapshot saying trace time is wall time (BOOTTIME == REALTIME, so the UI can show dates); then
-the track tree, a process track "rank R (host)" with, in this order, "steps",
-"phases (approximate placement)", one track per GPU stream ("stream 7") and "host stacks" (one
-child track per sampled Python thread); then the step, phase and stack-sample events.
+sequence, written front to back by :class:`TraceWriter` as the window's kernels arrive, so a
+window never has to be held in memory whole. The head, built with ``TraceProtoBuilder``: a
+first packet that clears the incremental state and holds a clock snapshot saying trace time is
+wall time (BOOTTIME == REALTIME, so the UI can show dates), and the track tree: a process track
+"rank R (host)" with "steps", "phases (approximate placement)", one track per GPU stream
+("stream 7", declared when the stream first appears) and, at the end, "host stacks" (one child
+track per sampled Python thread). Each chunk of kernels starts with a packet that clears the
+incremental state again and interns the chunk's kernel names (``InternedData.event_names``);
+the tail holds the step, phase and stack-sample events.
 
-The kernels follow: each one a ``TYPE_SLICE_BEGIN`` and a ``TYPE_SLICE_END`` packet carrying
-``timestamp`` (absolute ns), ``trusted_packet_sequence_id``, ``sequence_flags =
-SEQ_NEEDS_INCREMENTAL_STATE`` and a ``track_event`` with ``type``, ``track_uuid`` and, on BEGIN,
-``name_iid``. Their bytes are computed here with numpy for all kernels at once (no Python object
-per kernel), fields in field-number order so that each packet is byte for byte what protobuf
-itself would serialize. Interned name ids and stream track uuids are drawn from one varint
-width class, so in the usual case (epoch timestamps, all 9 varint bytes) every kernel has the
-same layout and the packets are plain whole-column writes into one byte matrix.
+Each kernel is a ``TYPE_SLICE_BEGIN`` and a ``TYPE_SLICE_END`` packet carrying ``timestamp``
+(absolute ns), ``trusted_packet_sequence_id``, ``sequence_flags = SEQ_NEEDS_INCREMENTAL_STATE``
+and a ``track_event`` with ``type``, ``track_uuid`` and, on BEGIN, ``name_iid``. Their bytes are
+computed here with numpy for a whole chunk at once (no Python object per kernel), fields in
+field-number order so that each packet is byte for byte what protobuf itself would serialize.
+Interned name ids and stream track uuids are drawn from one varint width class, so in the usual
+case (epoch timestamps, all 9 varint bytes) every kernel has the same layout and the packets
+are plain whole-column writes into one byte matrix.
 
 Kernels on one stream are written in start order, each END before the next BEGIN, which is
 what trace processor needs to pair BEGIN and END on a track when timestamps tie (zero-length
 and back-to-back kernels). CUPTI does not report overlapping kernels on one stream, but if two
 overlap the earlier one's end is clipped to the next one's start (slices on a track must nest)
-and the number clipped is logged at debug level.
+and the number clipped is logged at debug level. Batches reordered in transit are handled by
+:class:`TraceWriter` (see there).
 
-Gzip (``build_trace_gz``) takes most of the time: zlib level 1 runs at ~100 MB/s on this kind of
-data. ISA-L (the optional ``isal`` package) writes the same gzip format about 5x faster and is
-used when installed.
+Gzip (:class:`GzipWriter`) takes most of the time: zlib level 1 runs at ~100 MB/s on this kind
+of data. ISA-L (the optional ``isal`` package) writes the same gzip format about 5x faster and
+is used when installed.
 """
 
 from __future__ import annotations
