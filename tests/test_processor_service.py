@@ -74,6 +74,19 @@ def slices_in(trace_gz: bytes) -> list[tuple[int, int, str]]:
     return sorted(out)
 
 
+def named_events(trace_gz: bytes) -> set[str]:
+    """Names of the non-kernel events of a Perfetto file, and its process name."""
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace
+
+    names = set()
+    for packet in Trace.FromString(gzip.decompress(trace_gz)).packet:
+        if packet.HasField("track_event") and packet.track_event.HasField("name"):
+            names.add(packet.track_event.name)
+        if packet.track_descriptor.HasField("process"):
+            names.add(packet.track_descriptor.process.process_name)
+    return names
+
+
 def expected_slices(*batches: dict) -> list[tuple[int, int, str]]:
     return sorted((s, s + d, b["names"][n]) for b in batches
                   for s, d, n in zip(b["start_ns"], b["dur_ns"], b["name"], strict=True))
@@ -119,9 +132,13 @@ def test_posted_kernels_come_out_as_summaries_and_exact_perfetto_files(tmp_path,
     async def scenario(client):
         rank = {"v": 1, "kind": "rank", "job": "llm", "rank": 0, "world_size": 2,
                 "host": "node-3", "coords": {"dp": 0}}
-        response = await post(client, ndjson_gz(rank, *batches))
+        step = {"v": 1, "kind": "step", "job": "llm", "rank": 0, "step": 41, "t_ns": T0 + 500,
+                "wall_s": 0.5, "gpu_s": 0.4, "phases": {"forward": 0.1, "backward": 0.2}}
+        stack = {"v": 1, "kind": "stack", "job": "llm", "rank": 0, "t_ns": T0 + 900,
+                 "thread": "MainThread", "frames": ["train.py:main:10", "model.py:fwd:3"]}
+        response = await post(client, ndjson_gz(rank, step, stack, *batches))
         assert response.status == 200
-        assert await response.json() == {"accepted": 7, "rejected": 0}
+        assert await response.json() == {"accepted": 9, "rejected": 0}
         response = await post(client, ndjson_gz(*late))
         assert response.status == 200
         processor.close_due()
@@ -151,6 +168,9 @@ def test_posted_kernels_come_out_as_summaries_and_exact_perfetto_files(tmp_path,
     for rank in (0, 1):
         got = slices_in(store.get(files[rank]))
         assert got == expected_slices(*[b for b in batches if b["rank"] == rank])
+    events = named_events(store.get(files[0]))
+    assert {"step 41", "forward", "backward", "model.py:fwd:3"} <= events
+    assert "rank 0 (node-3)" in events
     assert processor.kernel_events_written == sum(len(b["name"]) for b in [*batches, *late])
     # The online summaries are the offline ones (argus diagnose's) of the same kernels.
     builder = TraceBuilder()

@@ -310,15 +310,6 @@ def _concat(summaries: list[KernelSummary]) -> KernelSummary:
                          window_ns=summaries[0].window_ns)
 
 
-def _step_dict(step) -> dict:
-    return {"step": step.step, "t_ns": step.t_ns, "wall_s": step.wall_s, "gpu_s": step.gpu_s,
-            "phases": step.phases}
-
-
-def _stack_dict(stack) -> dict:
-    return {"t_ns": stack.t_ns, "thread": stack.thread, "frames": stack.frames}
-
-
 # -- HTTP ---------------------------------------------------------------------------------
 PROCESSOR_KEY = web.AppKey("processor", Processor)
 REGISTRY_KEY = web.AppKey("registry", object)
