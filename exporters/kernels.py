@@ -22,7 +22,8 @@ How it works (DESIGN.md, "Conventions: CUPTI"):
 
 Kernel names are C string pointers in the records. ``NameTable`` reads a pointer's string once
 (``ctypes.string_at``) and keeps pointer -> id; two pointers to the same text share one id, so a
-batch's ``names`` never repeats a string. Each record carries only the names it uses.
+batch's ``names`` never repeats a string. Each record carries only the names it uses. The table
+holds at most 65,536 pointers, then starts over (a job compiling new kernels forever).
 
 Which processes trace (``training_process``): DataLoader workers never; otherwise only a
 training rank (RANK or LOCAL_RANK in the environment, or ``settings.extra["training_rank"]``).
@@ -144,13 +145,18 @@ def pick_record_dtype(buf: Any, valid_size: int,
 class NameTable:
     """Kernel names interned by pointer: a string is read once per pointer value.
 
-    Ids are global to the table (stable across buffers); the same text behind two pointers
-    gets one id. Only new pointers cost Python work; known ones are dictionary hits per
-    *distinct* pointer of a buffer, never per record.
+    The same text behind two pointers gets one id. Only new pointers cost Python work; known
+    ones are dictionary hits per *distinct* pointer of a buffer, never per record. Memory is
+    bounded: a job that keeps compiling new kernels (Triton autotuning, torch.compile
+    recompiles) brings new pointers forever, so past ``max_pointers`` the table starts over
+    (``resets`` counts it). Ids are stable within one ``ids`` call, which is all a buffer
+    needs: every record carries the names it uses.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_pointers: int = 1 << 16) -> None:
         self.names: list[str] = []
+        self.max_pointers = max_pointers
+        self.resets = 0
         self._by_pointer: dict[int, int] = {}
         self._by_text: dict[str, int] = {}
 
@@ -159,6 +165,9 @@ class NameTable:
 
     def ids(self, pointers: np.ndarray, read_name: Callable[[int], str]) -> np.ndarray:
         """Ids (int64) of the given distinct pointers, reading the strings of new ones."""
+        if len(self._by_pointer) >= self.max_pointers:
+            self.names, self._by_pointer, self._by_text = [], {}, {}
+            self.resets += 1
         out = np.empty(len(pointers), dtype=np.int64)
         by_pointer = self._by_pointer
         for i, pointer in enumerate(pointers.tolist()):

@@ -160,6 +160,19 @@ def test_decode_returns_the_columns_put_in():
     assert all(c.dtype == np.int64 for c in (cols.stream, cols.start_ns, cols.dur_ns))
 
 
+def test_name_table_is_bounded_and_names_stay_right_across_resets():
+    """New kernels forever (autotuning) never grow the table past its bound, and every
+    buffer's names still match its records."""
+    table, reader = NameTable(max_pointers=2), CountingReader()
+    for _ in range(3):
+        for rows in (ROWS[:2], ROWS[2:], ROWS):
+            rec = records(rows)
+            cols = decode_kernel_buffer(rec.tobytes(), rec.nbytes, table, reader)
+            assert [cols.names[i] for i in cols.name] == [read_c_string(r[3]) for r in rows]
+            assert len(table._by_pointer) <= 2 + len({r[3] for r in rows})
+    assert table.resets >= 3
+
+
 def test_decode_reads_each_pointer_once_across_buffers():
     table, reader = NameTable(), CountingReader()
     first = records(ROWS[:2])
