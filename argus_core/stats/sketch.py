@@ -37,7 +37,7 @@ class DurationSketch:
         self.first_bin = np.zeros(0, dtype=np.int64)  # global bin index of each group's bin 0
         self.size = np.zeros(0, dtype=np.int64)  # bins held per group
         self.offset = np.zeros(1, dtype=np.int64)  # group g: bins[offset[g]:offset[g+1]]
-        self.bins = np.zeros(0, dtype=np.int64)
+        self.bins = np.zeros(0, dtype=np.int32)  # < 2**31 per bin and window: ample
 
     @classmethod
     def of(cls, group: np.ndarray, dur_ns: np.ndarray, n_groups: int | None = None,
@@ -87,7 +87,7 @@ class DurationSketch:
         fine -= self.first_bin[group]
         fine += self.offset[group]
         if 4 * len(fine) >= len(self.bins):
-            self.bins += np.bincount(fine, minlength=len(self.bins))
+            self.bins += np.bincount(fine, minlength=len(self.bins)).astype(np.int32)
         else:
             np.add.at(self.bins, fine, 1)
 
@@ -121,7 +121,7 @@ class DurationSketch:
         size = hi - lo
         offset = np.zeros(self.n_groups + 1, dtype=np.int64)
         np.cumsum(size, out=offset[1:])
-        bins = np.zeros(int(offset[-1]), dtype=np.int64)
+        bins = np.zeros(int(offset[-1]), dtype=np.int32)
         if len(self.bins):
             owner = np.repeat(np.arange(self.n_groups), self.size)
             moved = np.arange(len(self.bins)) - self.offset[owner] + (
