@@ -48,20 +48,12 @@ class KernelSummary:
 
 
 def summarize_kernels(kernels: KernelTable, window_s: float = DEFAULT_WINDOW_S,
-                      config: CompressionConfig | None = None,
-                      window_index: int | None = None) -> KernelSummary:
-    """Compress every (rank, kernel, stream, window) group of a kernel table in one pass.
-
-    ``window_index`` says that every kernel belongs to that one window (the processor knows),
-    which saves dividing every start time.
-    """
+                      config: CompressionConfig | None = None) -> KernelSummary:
+    """Compress every (rank, kernel, stream, window) group of a kernel table in one pass."""
     if window_s <= 0:
         raise ValueError(f"window_s must be > 0, got {window_s}")
     window_ns = int(window_s * 1e9)
-    if window_index is None:
-        window = kernels.start_ns // window_ns
-    else:
-        window = np.full(len(kernels), window_index, dtype=np.int64)
+    window = kernels.start_ns // window_ns
     ids, (rank, kernel, stream, win) = dense_ids(kernels.rank, kernels.name.astype(np.int64),
                                                   kernels.stream, window)
     return summarize_sketch(DurationSketch.of(ids, kernels.dur_ns, len(rank)), rank, kernel,
