@@ -8,6 +8,7 @@ scoring needs to rebuild each rank's distribution.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -96,10 +97,13 @@ def top_kernels(summary: KernelSummary, k: int) -> KernelSummary:
     return summary.take(keep_group[gid])
 
 
-def summary_families(summary: KernelSummary, job: str) -> list:
+def summary_families(by_job: Mapping[str, KernelSummary]) -> list:
     """Prometheus metric families for kernel summaries: per cluster, executions and the
-    p50/p99 duration in seconds. Host and coords are deliberately not repeated on every
-    series: they join from ``argus_rank_info`` (the info-metric pattern)."""
+    p50/p99 duration in seconds.
+
+    One family per metric name whatever the number of jobs (a repeated ``# HELP`` makes
+    Prometheus reject the whole scrape). Host and coords are deliberately not repeated on
+    every series: they join from ``argus_rank_info`` (the info-metric pattern)."""
     from prometheus_client.core import GaugeMetricFamily
 
     labels = ["job", "rank", "kernel", "stream", "cluster"]
@@ -109,14 +113,15 @@ def summary_families(summary: KernelSummary, job: str) -> list:
     counts = GaugeMetricFamily("argus_kernel_executions",
                                "Kernel executions per cluster in the last window.",
                                labels=labels)
-    rows = zip(summary.rank.tolist(), summary.kernel.tolist(), summary.stream.tolist(),
-               summary.cluster.tolist(), summary.count.tolist(), summary.p50_ns.tolist(),
-               summary.p99_ns.tolist(), strict=True)
-    for rank, kernel, stream, cluster, count, p50, p99 in rows:
-        key = [job, str(rank), summary.names[kernel], str(stream), str(cluster)]
-        counts.add_metric(key, count)
-        quantiles.add_metric([*key, "0.5"], p50 * 1e-9)
-        quantiles.add_metric([*key, "0.99"], p99 * 1e-9)
+    for job, summary in by_job.items():
+        rows = zip(summary.rank.tolist(), summary.kernel.tolist(), summary.stream.tolist(),
+                   summary.cluster.tolist(), summary.count.tolist(), summary.p50_ns.tolist(),
+                   summary.p99_ns.tolist(), strict=True)
+        for rank, kernel, stream, cluster, count, p50, p99 in rows:
+            key = [job, str(rank), summary.names[kernel], str(stream), str(cluster)]
+            counts.add_metric(key, count)
+            quantiles.add_metric([*key, "0.5"], p50 * 1e-9)
+            quantiles.add_metric([*key, "0.99"], p99 * 1e-9)
     return [quantiles, counts]
 
 
@@ -126,7 +131,7 @@ def exposition(summary: KernelSummary, job: str) -> bytes:
 
     class _Collector:
         def collect(self):
-            yield from summary_families(summary, job)
+            yield from summary_families({job: summary})
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector())

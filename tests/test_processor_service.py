@@ -186,6 +186,34 @@ def test_posted_kernels_come_out_as_summaries_and_exact_perfetto_files(tmp_path,
     np.testing.assert_allclose([v for *_, v in online], [v for *_, v in expected], rtol=1e-9)
 
 
+def test_metrics_of_several_jobs_are_one_family_per_name(tmp_path):
+    """A host that served two jobs still exposes valid text: one HELP/TYPE per metric name
+    (a repeated HELP makes Prometheus reject the whole scrape), every job's samples inside."""
+    processor = Processor(config(tmp_path))
+    text = {}
+
+    async def scenario(client):
+        for job in ("llm", "vision"):
+            batches = [kernel_batch(r, T0 + 1000, job=job) for r in (0, 1)]
+            late = [kernel_batch(r, T0 + W + 6_000_000_000, n=10, job=job) for r in (0, 1)]
+            assert (await post(client, ndjson_gz(*batches, *late))).status == 200
+        processor.close_due()
+        for _ in range(100):
+            if processor.windows_written >= 4:
+                break
+            await asyncio.sleep(0.05)
+        text["body"] = await (await client.get("/metrics")).text()
+
+    run(processor, scenario)
+    body = text["body"]
+    for name in ("argus_kernel_duration_seconds", "argus_kernel_executions"):
+        assert body.count(f"# HELP {name} ") == 1
+        assert body.count(f"# TYPE {name} ") == 1
+    families = {f.name: f for f in text_string_to_metric_families(body)}
+    jobs = {s.labels["job"] for s in families["argus_kernel_executions"].samples}
+    assert jobs == {"llm", "vision"}
+
+
 def test_unfinished_windows_of_a_crashed_processor_are_salvaged(tmp_path):
     """A processor killed mid-window leaves its file in the spool: the next one uploads the
     chunks it had written."""

@@ -238,8 +238,8 @@ class Processor:
         latest = dict(self.latest)  # one C-level copy: the writer thread inserts concurrently
         for (job, _), (_, summary) in sorted(latest.items(), key=lambda item: item[0]):
             by_job.setdefault(job, []).append(summary)
-        for job, summaries in by_job.items():
-            yield from summary_families(_concat(summaries), job)
+        yield from summary_families({job: _concat(summaries)
+                                     for job, summaries in by_job.items()})
         info = GaugeMetricFamily("argus_rank_info", "Identity of each rank seen (value 1).",
                                  labels=["job", "rank", "host", "dp", "tp", "pp", "ep"])
         for (job, rank), ident in sorted(self.windows.identity.items()):
