@@ -17,6 +17,7 @@ _DEFAULT_FLUSH_S = 2.0
 _DEFAULT_FILE_MAX_BYTES = 64 << 20  # per spool file, then rotate
 _DEFAULT_SPOOL_MAX_BYTES = 1 << 30  # per rank, oldest files deleted beyond it
 _DEFAULT_HTTP_TIMEOUT_S = 2.0
+_DEFAULT_HTTP_RETRY_S = 30.0  # waits one batch may spend on a busy (429/503) receiver
 _DEFAULT_WINDOW_STEPS = 32  # rolling-window gauges cover the last N steps
 _DEFAULT_PENDING_STEPS = 256  # closed steps awaiting resolution (CUDA events in flight)
 _DEFAULT_KERNEL_DUTY = 1  # trace 1 step in N
@@ -73,6 +74,7 @@ class Settings:
     file_max_bytes: int = _DEFAULT_FILE_MAX_BYTES
     spool_max_bytes: int = _DEFAULT_SPOOL_MAX_BYTES
     http_timeout_s: float = _DEFAULT_HTTP_TIMEOUT_S
+    http_retry_s: float = _DEFAULT_HTTP_RETRY_S
     window_steps: int = _DEFAULT_WINDOW_STEPS
     pending_steps: int = _DEFAULT_PENDING_STEPS
     kernel_duty: int = _DEFAULT_KERNEL_DUTY
@@ -106,6 +108,7 @@ class Settings:
                                         int, 1024)),
             http_timeout_s=_number(env, "ARGUS_HTTP_TIMEOUT_S", _DEFAULT_HTTP_TIMEOUT_S, float,
                                    0.01),
+            http_retry_s=_number(env, "ARGUS_HTTP_RETRY_S", _DEFAULT_HTTP_RETRY_S, float, 0),
             window_steps=int(_number(env, "ARGUS_WINDOW_STEPS", _DEFAULT_WINDOW_STEPS, int, 1)),
             pending_steps=int(_number(env, "ARGUS_PENDING_STEPS", _DEFAULT_PENDING_STEPS, int, 1)),
             kernel_duty=int(_number(env, "ARGUS_KERNEL_DUTY", _DEFAULT_KERNEL_DUTY, int, 1)),

@@ -22,6 +22,7 @@ class Health:
         self.records_shipped = 0
         self.bytes_shipped = 0
         self.export_failures = 0
+        self.http_retries: Counter[str] = Counter()  # retried HTTP answers, by status
         self.cpu_seconds = 0.0  # exporter work on the training thread and its own threads
         self.steps = 0
         self.probes: dict[str, tuple[str, str]] = {}  # probe -> (state, reason)
@@ -45,6 +46,11 @@ class Health:
         """Count one failed export attempt."""
         with self._lock:
             self.export_failures += 1
+
+    def http_retry(self, status: int) -> None:
+        """Count one retry of a batch after a busy answer (429, 503) from the receiver."""
+        with self._lock:
+            self.http_retries[str(status)] += 1
 
     def add_cpu(self, seconds: float) -> None:
         """Add exporter CPU time (measured with thread/process CPU clocks)."""

@@ -99,6 +99,10 @@ class StepMetrics:
             "argus_exporter_dropped_records": (counter, "Records dropped, by reason.",
                                                ["reason"], [([r], n) for r, n in
                                                             sorted(h.dropped.items())]),
+            "argus_exporter_http_retries": (counter, "Batches retried after a busy answer "
+                                            "(429, 503), by status.", ["status"],
+                                            [([s], n) for s, n in
+                                             sorted(h.http_retries.items())]),
             "argus_exporter_probe_up": (
                 gauge, "1 when a probe runs; 0 with the reason when it does not.",
                 ["probe", "state", "reason"],

@@ -99,7 +99,9 @@ class Shipper:
             self.health.shipped(len(batch), sum(len(line) for line in batch))
         else:
             self.health.failed_export()
-            self.health.drop("sink_error", len(batch))
+            # A sink may say why (the HTTP sink: "receiver_busy" after its retries).
+            self.health.drop(getattr(self.sink, "failure_reason", None) or "sink_error",
+                             len(batch))
 
     def force_flush(self, timeout: float = 5.0) -> bool:
         """Export everything queued so far; True if done within ``timeout`` seconds."""

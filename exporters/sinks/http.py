@@ -1,17 +1,53 @@
 """``http(s)://host:port/path``: gzip NDJSON POSTs to Vector's ``http_server`` source or the
-processor. One attempt per batch within ``http_timeout_s``: a dead endpoint costs the shipper
-thread a timeout, never the training thread, and the batch is counted as dropped."""
+processor, made on the shipper's thread (never the training thread).
+
+Toward a busy receiver it behaves like Vector's own ``http`` sink: a 429 or 503 is retried
+after the ``Retry-After`` the receiver asked for (delta-seconds or an HTTP-date) or, without
+one, after an exponential backoff. The waits of one batch are bounded by ``http_retry_s``
+(``ARGUS_HTTP_RETRY_S``): a wait that would overrun the budget is not started. Every retry is
+counted (``argus_exporter_http_retries_total{status}``); a batch still refused at the end is
+reported as failed with ``failure_reason = "receiver_busy"``, which the shipper counts as
+dropped. Other answers are not retried: a 2xx is delivered; a 4xx, a dead endpoint or a timeout
+costs at most one ``http_timeout_s`` and is a ``sink_error``. ``shutdown`` ends a wait at once.
+While the shipper's thread waits, the training thread keeps submitting into the shipper's
+bounded queue, which drops its oldest lines (counted) when full.
+"""
 
 from __future__ import annotations
 
+import email.utils
 import gzip
 import http.client
 import os
+import threading
+from datetime import UTC, datetime
 from urllib.parse import urlparse
 
 from argus_exporters.config import ConfigError, Settings
 from argus_exporters.health import Health
 from argus_exporters.identity import RankIdentity
+
+RETRIED_STATUSES = (429, 503)
+_BACKOFF_FIRST_S = 0.5  # without Retry-After: 0.5, 1, 2, 4, 8, 8... seconds
+_BACKOFF_MAX_S = 8.0
+_MIN_WAIT_S = 0.1  # "Retry-After: 0" still waits a little, so retries stay bounded
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """Seconds a ``Retry-After`` header asks to wait (RFC 9110: delta-seconds or an HTTP-date,
+    0 for a date already past); None when absent or unreadable."""
+    value = (value or "").strip()
+    if not value:
+        return None
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
 class HttpSink:
@@ -26,12 +62,16 @@ class HttpSink:
         self.port = url.port or (443 if self.https else 80)
         self.path = (url.path or "/") + (f"?{url.query}" if url.query else "")
         self.timeout = settings.http_timeout_s
+        self.retry_budget_s = settings.http_retry_s
+        self.health = health
         self.headers = {"Content-Type": "application/x-ndjson", "Content-Encoding": "gzip",
                         "User-Agent": "argus-exporters/0.1"}
         token = os.environ.get("ARGUS_SINK_TOKEN")
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
+        self.failure_reason: str | None = None  # why the last failed batch failed
         self._conn: http.client.HTTPConnection | None = None
+        self._closing = threading.Event()
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
@@ -39,25 +79,55 @@ class HttpSink:
             self._conn = cls(self.host, self.port, timeout=self.timeout)
         return self._conn
 
-    def export(self, lines: list[bytes]) -> bool:
-        """Send one batch; True on a 2xx answer."""
-        body = gzip.compress(b"".join(lines), compresslevel=1)
+    def _reset(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _post(self, body: bytes) -> tuple[int | None, str | None]:
+        """One attempt: (status, Retry-After header), or (None, None) when it did not get an
+        answer (the connection is then opened afresh next time)."""
         try:
             conn = self._connection()
             conn.request("POST", self.path, body=body, headers=self.headers)
             response = conn.getresponse()
             response.read()
-            return 200 <= response.status < 300
+            return response.status, response.getheader("Retry-After")
         except (OSError, http.client.HTTPException):
-            self.shutdown()  # a fresh connection next time
-            return False
+            self._reset()
+            return None, None
+
+    def export(self, lines: list[bytes]) -> bool:
+        """Send one batch, retrying a busy receiver within the budget; True once delivered."""
+        body = gzip.compress(b"".join(lines), compresslevel=1)
+        self.failure_reason = None
+        waited = 0.0
+        retries = 0
+        while True:
+            status, retry_after = self._post(body)
+            if status is not None and 200 <= status < 300:
+                return True
+            if status not in RETRIED_STATUSES:
+                self.failure_reason = "sink_error"
+                return False
+            asked = retry_after_seconds(retry_after)
+            wait = max(_MIN_WAIT_S, asked if asked is not None
+                       else min(_BACKOFF_FIRST_S * 2**retries, _BACKOFF_MAX_S))
+            if waited + wait > self.retry_budget_s or self._closing.is_set():
+                self.failure_reason = "receiver_busy"
+                return False
+            self.health.http_retry(status)
+            if self._closing.wait(wait):  # shutting down: stop waiting, count the batch
+                self.failure_reason = "receiver_busy"
+                return False
+            waited += wait
+            retries += 1
 
     def force_flush(self, timeout: float) -> bool:
         """Nothing is buffered here."""
         return True
 
     def shutdown(self) -> None:
-        """Close the connection."""
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        """End any retry wait and close the connection."""
+        self._closing.set()
+        self._reset()

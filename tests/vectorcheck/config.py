@@ -24,8 +24,9 @@ COMPONENT_TABLES = ("sources", "transforms", "sinks")
 # Vector's pattern (src/config/loading/interpolation.rs); ``[[:word:]]`` is ASCII there.
 _VARIABLE = re.compile(r"\$\$|\$([A-Za-z0-9_.]+)|\$\{([A-Za-z0-9_.]+)(?:(:?-|:?\?)([^}]*))?\}")
 _INTEGER = re.compile(r"[+-]?[0-9]+")
-_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?(?:inf|infinity|nan)",
-                    re.IGNORECASE)
+_FLOAT = re.compile(
+    r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+-]?(?:inf|infinity|nan)",
+    re.IGNORECASE)
 
 
 class ConfigError(ValueError):

@@ -10,7 +10,8 @@ import jsonschema
 from .config import VECTOR_DIR
 
 SCHEMA_PATH = VECTOR_DIR / "schema" / "vector.schema.json"
-_TYPE_TABLES = {"sources": "vector::sources::Sources", "transforms": "vector::transforms::Transforms",
+_TYPE_TABLES = {"sources": "vector::sources::Sources",
+                "transforms": "vector::transforms::Transforms",
                 "sinks": "vector::sinks::Sinks"}
 
 

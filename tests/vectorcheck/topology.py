@@ -27,7 +27,7 @@ def outputs(table: str, body: dict) -> list[str]:
         return names + (["_unmatched"] if body.get("reroute_unmatched", True) else [])
     if kind == "exclusive_route":
         names = [route["name"] for route in body.get("routes") or []]
-        return names + ["_unmatched"]
+        return [*names, "_unmatched"]
     return [""]
 
 

@@ -1,0 +1,214 @@
+"""The exporters' HTTP sink toward a busy receiver behaves like Vector's: on 429 or 503 it
+waits as ``Retry-After`` says and retries within its budget instead of dropping the batch, and
+every record ends up either delivered or counted as dropped. All of it on the shipper's
+thread: the training thread never waits and the queue stays bounded."""
+
+from __future__ import annotations
+
+import email.utils
+import gzip
+import http.server
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from argus_exporters.config import ConfigError, Settings
+from argus_exporters.health import Health
+from argus_exporters.identity import RankIdentity
+from argus_exporters.shipper import Shipper
+from argus_exporters.sinks.http import HttpSink, retry_after_seconds
+
+IDENTITY = RankIdentity("job-a", 3, 8, 3, "node-0", {"dp": 3, "tp": 0, "pp": 0, "ep": 0})
+
+
+class Receiver:
+    """A real HTTP server whose answers a test scripts: ``answer(n) -> (status, headers)``."""
+
+    def __init__(self, answer: Callable[[int], tuple[int, dict]]):
+        self.answer = answer
+        self.attempts: list[float] = []  # monotonic time of each request
+        self.bodies: list[bytes] = []
+        receiver = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                n = len(receiver.attempts)
+                receiver.attempts.append(time.monotonic())
+                status, headers = receiver.answer(n)
+                if 200 <= status < 300:
+                    receiver.bodies.append(gzip.decompress(body))
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/records"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    made = []
+
+    def make(answer):
+        made.append(Receiver(answer))
+        return made[-1]
+
+    yield make
+    for r in made:
+        r.close()
+
+
+def sink_for(url: str, health: Health, **settings) -> HttpSink:
+    return HttpSink(Settings(enabled=True, sink=url, **settings), IDENTITY, health)
+
+
+LINES = [b'{"v":1,"kind":"step","n":%d}\n' % i for i in range(5)]
+
+
+def test_503_with_retry_after_is_honoured_then_delivered(receiver):
+    """Two 503s with Retry-After: 1, then 200: the batch arrives once, each retry waited at
+    least the second the receiver asked for, and both retries are counted."""
+    r = receiver(lambda n: (503, {"Retry-After": "1"}) if n < 2 else (200, {}))
+    health = Health()
+    assert sink_for(r.url, health).export(LINES)
+    assert len(r.attempts) == 3 and r.bodies == [b"".join(LINES)]
+    gaps = [b - a for a, b in zip(r.attempts, r.attempts[1:], strict=False)]
+    assert min(gaps) >= 0.95, gaps  # never earlier than asked (a lower bound: load-safe)
+    assert health.http_retries == {"503": 2}
+    assert not health.dropped
+
+
+def test_429_without_retry_after_backs_off_and_retries(receiver):
+    """429 with no Retry-After: retried after the sink's own backoff, then delivered."""
+    r = receiver(lambda n: (429, {}) if n == 0 else (200, {}))
+    health = Health()
+    assert sink_for(r.url, health).export(LINES)
+    assert len(r.attempts) == 2 and health.http_retries == {"429": 1}
+
+
+def test_a_wait_beyond_the_budget_gives_up_at_once(receiver):
+    """Retry-After longer than the retry budget: no early retry, no pointless wait; the batch
+    is reported as failed for a busy receiver."""
+    r = receiver(lambda n: (503, {"Retry-After": "120"}))
+    health = Health()
+    sink = sink_for(r.url, health, http_retry_s=5.0)
+    assert not sink.export(LINES)
+    assert len(r.attempts) == 1
+    assert sink.failure_reason == "receiver_busy"
+
+
+def test_retries_stop_when_the_budget_is_spent(receiver):
+    """Always 503 + Retry-After: 1 with a 2.5 s budget: three attempts (two 1 s waits), then
+    the batch fails; the budget counts the waits asked for, so the count is exact."""
+    r = receiver(lambda n: (503, {"Retry-After": "1"}))
+    health = Health()
+    sink = sink_for(r.url, health, http_retry_s=2.5)
+    assert not sink.export(LINES)
+    assert len(r.attempts) == 3 and health.http_retries == {"503": 2}
+    assert sink.failure_reason == "receiver_busy"
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 413])
+def test_other_client_errors_are_not_retried(receiver, status):
+    """A 4xx other than 429 will not change by retrying: one attempt, a sink error."""
+    r = receiver(lambda n: (status, {}))
+    health = Health()
+    sink = sink_for(r.url, health)
+    assert not sink.export(LINES)
+    assert len(r.attempts) == 1 and not health.http_retries
+    assert sink.failure_reason == "sink_error"
+
+
+def test_retry_after_forms():
+    """Retry-After is delta-seconds or an HTTP-date; anything else means 'not given'."""
+    assert retry_after_seconds("3") == 3.0
+    assert retry_after_seconds(" 0 ") == 0.0
+    soon = email.utils.formatdate(time.time() + 30, usegmt=True)
+    assert 25 <= retry_after_seconds(soon) <= 31
+    past = email.utils.formatdate(time.time() - 30, usegmt=True)
+    assert retry_after_seconds(past) == 0.0
+    for bad in (None, "", "soon", "-4", "1.5e999"):
+        assert retry_after_seconds(bad) is None
+
+
+def test_retry_budget_setting_is_checked():
+    """ARGUS_HTTP_RETRY_S is read and a bad value names the variable."""
+    assert Settings.from_env({"ARGUS_HTTP_RETRY_S": "12"}).http_retry_s == 12.0
+    assert Settings.from_env({"ARGUS_HTTP_RETRY_S": "0"}).http_retry_s == 0.0  # never retry
+    with pytest.raises(ConfigError, match="ARGUS_HTTP_RETRY_S"):
+        Settings.from_env({"ARGUS_HTTP_RETRY_S": "later"})
+
+
+def test_busy_receiver_never_blocks_submit_and_every_record_is_accounted(receiver):
+    """While the shipper's thread waits on a busy receiver, submit() still returns at once,
+    the queue stays within its bound (oldest dropped, counted), and shutdown interrupts the
+    wait: every submitted record is shipped or counted as dropped, none vanishes."""
+    busy = threading.Event()
+    busy.set()
+    r = receiver(lambda n: (503, {"Retry-After": "2"}) if busy.is_set() else (200, {}))
+    health = Health()
+    sink = sink_for(r.url, health, http_retry_s=60.0)
+    shipper = Shipper(sink, health, max_records=10, batch_records=4, flush_s=0.02)
+    shipper.submit(b'{"n":-1}\n')
+    deadline = time.monotonic() + 30
+    while not r.attempts and time.monotonic() < deadline:  # the thread is now in a retry wait
+        time.sleep(0.01)
+    assert r.attempts
+    for i in range(100):
+        shipper.submit(b'{"n":%d}\n' % i)
+        assert shipper.depth <= 10
+    assert health.dropped["queue_full"] >= 100 - 10 - 4
+    shipper.shutdown(timeout=1.0)  # interrupts the 2 s wait instead of sitting it out
+    deadline = time.monotonic() + 30
+    while health.records_shipped + sum(health.dropped.values()) < 101:
+        assert time.monotonic() < deadline, (health.records_shipped, dict(health.dropped))
+        time.sleep(0.02)
+    assert health.records_shipped + sum(health.dropped.values()) == 101
+    assert health.dropped["receiver_busy"] >= 1
+
+
+def test_retries_show_in_metrics(receiver):
+    """argus_exporter_http_retries_total{status} is on the rank's /metrics."""
+    from prometheus_client import CollectorRegistry
+
+    from argus_exporters.metrics import StepMetrics
+
+    r = receiver(lambda n: (503, {"Retry-After": "0"}) if n == 0 else (200, {}))
+    health = Health()
+    assert sink_for(r.url, health).export(LINES)
+    registry = CollectorRegistry()
+    registry.register(StepMetrics(IDENTITY, health, window_steps=8))
+    labels = {**IDENTITY.labels(), "status": "503"}
+    assert registry.get_sample_value("argus_exporter_http_retries_total", labels) == 1.0
+
+
+def test_shutdown_ends_a_retry_wait(receiver):
+    """A batch waiting out a 60 s Retry-After is given up as soon as the sink shuts down
+    (process exit must not hang on a busy receiver); after shutdown nothing waits at all."""
+    r = receiver(lambda n: (503, {"Retry-After": "60"}))
+    health = Health()
+    sink = sink_for(r.url, health, http_retry_s=120.0)
+    result = []
+    worker = threading.Thread(target=lambda: result.append(sink.export(LINES)))
+    worker.start()
+    deadline = time.monotonic() + 30
+    while not health.http_retries and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sink.shutdown()
+    worker.join(20)  # far below the 60 s it would otherwise wait
+    assert not worker.is_alive() and result == [False]
+    assert sink.failure_reason == "receiver_busy"
+    assert not sink.export(LINES) and health.http_retries == {"503": 1}
