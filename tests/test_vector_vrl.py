@@ -199,7 +199,7 @@ def test_the_agent_never_rejects_what_the_schema_accepts(agent, kind, data):
     top-level reason, the agent rejects it too, naming the same field. Element-level problems
     (phases.x, name[3]...) are the processor's to name."""
     record = valid(kind)
-    field = data.draw(st.sampled_from(sorted(record) + ["world_size", "extra"]))
+    field = data.draw(st.sampled_from([*sorted(record), "world_size", "extra"]))
     value = data.draw(VALUES)
     if value == "DELETE":
         record.pop(field, None)
