@@ -247,19 +247,25 @@ def test_the_intake_checks_the_exporters_bearer_token(agent, monkeypatch, token,
     assert verdict is allowed
 
 
-@pytest.mark.parametrize("tags, expected", [
-    (None, "node-9"), ({"job": "llm"}, "node-9"), ({"host": ""}, "node-9"),
-    ({"host": "node-7", "job": "llm"}, "node-7")])
-def test_metrics_without_a_host_label_get_this_hosts(agent, monkeypatch, tags, expected):
-    """The processor's and Vector's series get ARGUS_HOST; the exporters' host label stays."""
+@pytest.mark.parametrize("tags, host, instance", [
+    (None, "node-9", None),
+    ({"job": "llm", "instance": "127.0.0.1:9700"}, "node-9", "node-9:9700"),
+    ({"host": "", "instance": "127.0.0.1:9598"}, "node-9", "node-9:9598"),
+    ({"host": "node-7", "job": "llm", "instance": "127.0.0.1:9723"}, "node-7", "node-7:9723"),
+    ({"host": "node-7", "instance": "10.0.0.2:9100"}, "node-7", "10.0.0.2:9100")])
+def test_metrics_are_labelled_with_their_host_and_instance(agent, monkeypatch, tags, host,
+                                                           instance):
+    """The processor's and Vector's series get ARGUS_HOST; the exporters' host label stays;
+    a scraped series' loopback instance becomes HOST:PORT; other labels are untouched."""
     monkeypatch.setenv("ARGUS_HOST", "node-9")
     metric = {"name": "argus_processor_records_total", "kind": "absolute", "type": "counter"}
     if tags is not None:
-        metric["tags"] = tags
+        metric["tags"] = dict(tags)
     out = vrl.remap(agent["transforms"]["metrics_labelled"], metric).event
-    assert out["tags"]["host"] == expected
-    assert {k: v for k, v in out["tags"].items() if k != "host"} == {
-        k: v for k, v in (tags or {}).items() if k != "host"}
+    assert out["tags"]["host"] == host
+    assert out["tags"].get("instance") == instance
+    others = {k: v for k, v in (tags or {}).items() if k not in ("host", "instance")}
+    assert {k: v for k, v in out["tags"].items() if k not in ("host", "instance")} == others
 
 
 def test_forwarded_records_carry_this_host(monkeypatch):
