@@ -336,3 +336,17 @@ def test_the_source_refuses_a_body_it_cannot_decode_whole():
     assert len(wire.decode_http_server(source, good + b"\n\n" + good, {}, "/v1/records")) == 2
     with pytest.raises(wire.HttpError):
         wire.decode_http_server(source, good, {}, "/v1/other")
+
+
+def test_the_agents_healthcheck_passes_against_the_processor(processor):
+    """Vector's http sink healthcheck is a HEAD to ``healthcheck.uri`` that must answer 200
+    (src/sinks/http/config.rs); the processor's /healthz does."""
+    port = processor.rsplit(":", 1)[1]
+    cfg = vconfig.load("agent.yaml", "agent-processor.yaml",
+                       env={"ARGUS_PROCESSOR_ADDRESS": f"127.0.0.1:{port}"})
+    for sink in ("processor_identity", "processor_traces"):
+        check = cfg["sinks"][sink]["healthcheck"]
+        assert check["enabled"]
+        request = urllib.request.Request(check["uri"], method="HEAD")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200
