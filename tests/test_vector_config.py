@@ -167,7 +167,12 @@ def test_processor_sinks_fit_the_processors_intake():
             assert body["framing"]["method"] == "newline_delimited"
             assert body["batch"]["max_bytes"] * 4 <= processor.max_body_bytes, cid
             assert body["auth"]["strategy"] == "bearer"
-            assert body["request"]["retry_attempts"] > 0  # Vector retries the 503s
+            # Vector retries 503 with its own backoff (it ignores Retry-After): never sooner
+            # than the processor asks, and for a bounded time.
+            request = body["request"]
+            assert 0 < request["retry_attempts"] <= 20
+            assert request["retry_initial_backoff_secs"] >= processor.retry_after_s
+            assert request["retry_jitter_mode"] == "None"
 
 
 def test_scrape_covers_the_processor_and_eight_local_ranks():
