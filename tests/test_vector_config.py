@@ -9,8 +9,11 @@ every type is one the schema knows). Mistakes are injected to show the checks ca
 from __future__ import annotations
 
 import copy
+import re
+from pathlib import Path
 
 import pytest
+import yaml
 from vectorcheck import config as vconfig
 from vectorcheck import schema, topology
 
@@ -237,3 +240,20 @@ def test_merging_files_refuses_a_component_defined_twice():
     clash = {"sinks": {"metrics_exposed": copy.deepcopy(agent["sinks"]["metrics_exposed"])}}
     with pytest.raises(vconfig.ConfigError, match="duplicate sink id 'metrics_exposed'"):
         vconfig.merge([("agent.yaml", agent), ("extra.yaml", clash)])
+
+
+def test_the_readmes_deployment_snippets_run_the_default_mode():
+    """The README's systemd unit and DaemonSet start Vector with exactly the default mode's
+    files, and the DaemonSet is valid YAML; docs cannot drift from the configs."""
+    readme = (vconfig.REPO / "README.md").read_text()
+    blocks = re.findall(r"```(\w+)\n(.*?)```", readme, re.S)
+    (daemonset,) = [yaml.safe_load(body) for lang, body in blocks
+                    if lang == "yaml" and "kind: DaemonSet" in body]
+    containers = {c["name"]: c for c in daemonset["spec"]["template"]["spec"]["containers"]}
+    args = containers["vector"]["args"]
+    assert [Path(a).name for a in args[1::2]] == list(MODES["default"])
+    assert set(args[::2]) == {"--config"}
+    (unit,) = [body for lang, body in blocks if lang == "ini" and "vector --config" in body]
+    exec_start = unit[unit.index("ExecStart=/usr/bin/vector"):].split("\n\n")[0]
+    files = re.findall(r"--config (\S+)", exec_start.replace("\\\n", " "))
+    assert [Path(f).name for f in files] == list(MODES["default"])
