@@ -56,6 +56,7 @@ def problems(config: dict) -> list[str]:
     found: list[str] = []
     known_types = schema.component_types()
     everything = components(config)
+    known = output_ids(config)
     for cid, (table, body) in everything.items():
         if body.get("type") not in known_types[table]:
             found.append(f"{table}.{cid}: unknown type {body.get('type')!r}")
@@ -64,21 +65,22 @@ def problems(config: dict) -> list[str]:
         for ref in body.get("inputs") or ():
             if "*" in ref:
                 found.append(f"{table}.{cid}: wildcard input {ref!r} is not checked here")
-            elif ref not in output_ids(config):
+            elif ref not in known:
                 found.append(f"{table}.{cid}: input {ref!r} doesn't match any component output")
-    consumed = {ref for ref, _ in edges(config)}
-    for ref, (cid, _) in output_ids(config).items():
+    links = edges(config)
+    consumed = {ref for ref, _ in links}
+    for ref, (cid, _) in known.items():
         if ref not in consumed:
             found.append(f"{everything[cid][0]}.{cid}: output {ref!r} has no consumer")
     downstream = defaultdict(set)
-    for ref, consumer in edges(config):
-        downstream[output_ids(config)[ref][0]].add(consumer)
+    for ref, consumer in links:
+        downstream[known[ref][0]].add(consumer)
     for cid, (table, _) in everything.items():
         if table == "sources" and not any(everything[c][0] == "sinks"
                                           for c in reachable(downstream, cid)):
             found.append(f"sources.{cid}: reaches no sink")
     if cycle := _cycle(downstream):
-        found.append(f"cycle: {' -> '.join(cycle)}")
+        found.append(f"cycle through {cycle}")
     return found
 
 
@@ -94,11 +96,9 @@ def reachable(downstream: dict[str, set[str]], start: str) -> set[str]:
     return seen
 
 
-def _cycle(downstream: dict[str, set[str]]) -> list[str] | None:
-    for start in downstream:
-        if start in reachable(downstream, start):
-            return [start, "...", start]
-    return None
+def _cycle(downstream: dict[str, set[str]]) -> str | None:
+    """A component that can reach itself, if any."""
+    return next((start for start in downstream if start in reachable(downstream, start)), None)
 
 
 def path_exists(config: dict, start: str, end: str) -> bool:
