@@ -29,6 +29,8 @@ def register(commands) -> None:
                    help="with --check: value of $__rate_interval (default 1m)")
     p.add_argument("--range", default="1h", metavar="D",
                    help="with --check: value of $__range and the range queried (default 1h)")
+    p.add_argument("--at", metavar="T", help="with --check: end of the range, ISO-8601 or Unix "
+                                             "seconds/ms (default now)")
     p.set_defaults(run=run)
 
 
@@ -52,11 +54,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from argus_core.processor.links import LinkError, parse_at
     from argus_grafana import check
 
     try:
+        at = None if args.at is None else parse_at(args.at) / 1e9
         report = check.check_all(args.check, job=args.job, rate_interval=args.rate_interval,
-                                 range_=args.range)
+                                 range_=args.range, at=at)
+    except LinkError as exc:
+        print(f"argus dashboards --check: error: --at {exc.message}", file=sys.stderr)
+        return 2
     except check.CheckError as exc:
         print(f"argus dashboards --check: error: {exc}", file=sys.stderr)
         return 2
