@@ -122,8 +122,10 @@ def stat_panel(title: str, description: str, unit: str, target: prometheus.Dataq
 def table(title: str, description: str, unit: str, targets: list[prometheus.Dataquery], *,
           steps: Steps = GOOD, w: int = 12, h: int = 8, colored: bool = False,
           transformations: list[dm.DataTransformerConfig] | None = None,
-          links: list | None = None) -> table_panel.Panel:
-    """A table of instant query results; ``colored`` paints value cells by their thresholds."""
+          links: list | None = None,
+          column_units: dict[str, str] | None = None) -> table_panel.Panel:
+    """A table of instant query results; ``colored`` paints value cells by their thresholds;
+    ``column_units`` gives columns a unit of their own (plain, uncoloured)."""
     panel = (table_panel.Panel().title(title).description(description).unit(unit)
              .datasource(DATASOURCE).targets(targets).span(w).height(h)
              .thresholds(thresholds(steps)).show_header(True)
@@ -136,6 +138,10 @@ def table(title: str, description: str, unit: str, targets: list[prometheus.Data
         panel = panel.with_transformation(transformation)
     if links:
         panel = panel.data_links(links)
+    for column, column_unit in (column_units or {}).items():
+        panel = panel.override_by_name(column, [
+            dm.DynamicConfigValue(id_val="unit", value=column_unit),
+            dm.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "auto"})])
     return panel
 
 

@@ -50,11 +50,12 @@ def build() -> dm.Dashboard:
              p.query(q.WORST_RANKS_Z, instant=True, table=True, ref="B"),
              p.query(q.VERDICTS, instant=True, table=True, ref="C")],
             steps=RATIO_STEPS, colored=True, w=12, h=10, links=[rank_drill, to_kernels],
+            column_units={"robust z": "none"},
             transformations=[
                 p.transformation("merge"),
-                p.transformation("organize", excludeByName={"Time": True},
+                p.transformation("organize", excludeByName={"Time": True, "Value #C": True},
                                  renameByName={"Value #A": "ratio", "Value #B": "robust z",
-                                               "Value #C": "verdict"}),
+                                               "cause": "verdict"}),
                 p.transformation("sortBy", sort=[{"field": "ratio", "desc": True}])]))
         .with_panel(p.heatmap_panel(
             "Worst compute-phase ratio per rank over time", "For each rank, its slowest "
