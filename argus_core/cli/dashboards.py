@@ -47,6 +47,16 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.check:
         return _check(args)
+    import json
+
+    from argus_grafana import schema
+
+    for uid, build in generate.BUILDERS.items():  # never write what Grafana would refuse
+        problems = schema.problems(json.loads(generate.encode(build())))
+        if problems:
+            print(f"argus dashboards: {uid} is not valid Grafana 11.6 JSON:\n  "
+                  + "\n  ".join(problems), file=sys.stderr)
+            return 1
     provider_path = args.provider_path or generate.DEFAULT_PROVIDER_PATH
     for path in generate.write_all(args.out, provider_path):
         print(path)
