@@ -100,8 +100,8 @@ class LocalPrometheus:
         log = open(self.workdir / "prometheus.log", "ab")  # noqa: SIM115 (held by the process)
         self.proc = subprocess.Popen(
             [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={self.data}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=30d",
-             "--web.enable-admin-api"], stdout=log, stderr=subprocess.STDOUT)
+             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=30d"],
+            stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

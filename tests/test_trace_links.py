@@ -12,11 +12,11 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import orjson
 import pytest
-from test_processor_service import run
+from aiohttp.test_utils import TestClient, TestServer
 
 from argus_core.cli import main
 from argus_core.processor import links
-from argus_core.processor.service import Processor, ProcessorConfig
+from argus_core.processor.service import SERVER_OPTIONS, Processor, ProcessorConfig, build_app
 from argus_core.processor.store import open_store, parse_key
 from argus_core.simulate import SimConfig, simulate
 from argus_core.simulate.model import JOB_EPOCH_NS
@@ -24,6 +24,17 @@ from argus_core.topology import Topology
 
 JOB = "llm/pre train"  # a name that needs encoding in keys and URLs
 WINDOW_NS = 60_000_000_000
+
+
+def run(processor: Processor, scenario) -> None:
+    """``scenario(client)`` against the processor's app on a loopback port; drained after."""
+    async def serve_and_run():
+        server = TestServer(build_app(processor))
+        await server.start_server(**SERVER_OPTIONS)
+        async with TestClient(server) as client:
+            await scenario(client)
+
+    asyncio.run(serve_and_run())
 
 
 def written_processor(tmp_path: Path, store_url: str) -> Processor:
