@@ -1,4 +1,5 @@
-"""``argus traces ls|get``: find the Perfetto files the processors stored, and download one.
+"""``argus traces ls|get|open``: find the Perfetto files the processors stored, download one, or
+print the links that open one (the same links as the dashboards').
 
 The store is ``--store URL``, else ``$ARGUS_STORE``, else ``file:///var/lib/argus/traces`` (the
 processor's own default, so on a processor host both commands work with no option). S3 stores
@@ -128,6 +129,7 @@ def register(commands) -> None:
     get.add_argument("-o", "--output", metavar="DIR", default=".",
                      help="directory to write into (default: the current directory)")
     get.set_defaults(run=run_get)
+    register_open(sub, store_help)
 
 
 def _open(args: argparse.Namespace):
@@ -235,3 +237,63 @@ def _guard(action: str, body) -> int:
         print(f"argus traces {action}: error: s3:// stores need boto3; install "
               f"'argus-failslow[service]' (or pip install boto3)", file=sys.stderr)
         return 2
+
+
+# -- argus traces open ----------------------------------------------------------------------------
+def register_open(sub, store_help: str) -> None:
+    """Add ``traces open``: the two links of a rank's window at a time."""
+    p = sub.add_parser("open", help="print the links that open a rank's trace at a time",
+                       description="Print two URLs for the window of --job/--rank holding "
+                                   "--at: the trace file (a presigned S3 URL, or the "
+                                   "processor's link) and the Perfetto UI opening it.")
+    p.add_argument("--store", metavar="URL", help=store_help)
+    p.add_argument("--job", required=True, help="job name")
+    p.add_argument("--rank", required=True, type=_rank_arg, help="rank")
+    p.add_argument("--at", required=True, nargs="+", metavar="T",
+                   help="a time inside the window: ISO-8601 UTC, Unix ms, or an age (5m ago)")
+    p.add_argument("--processor", metavar="URL",
+                   help="link through this processor's /v1/traces routes (needed for a "
+                        "file:// store, whose files browsers cannot fetch directly)")
+    p.add_argument("--expires", type=int, default=900, metavar="S",
+                   help="lifetime of a presigned S3 URL in seconds (default 900)")
+    p.set_defaults(run=run_open)
+
+
+def run_open(args: argparse.Namespace) -> int:
+    """``argus traces open``: print the trace URL and the Perfetto UI URL, one per line."""
+    return _guard("open", lambda: _open_links(args))
+
+
+def _open_links(args: argparse.Namespace) -> int:
+    from urllib.parse import urlencode
+
+    from argus_core.processor import links
+
+    text = " ".join(args.at)
+    try:
+        at_ns = links.parse_at(text)
+    except links.LinkError:
+        at_ns = _time_arg(text)  # an age such as "5m ago"
+    store = _open(args)
+    try:
+        ref = links.find_window(store, args.job, args.rank, at_ns)
+    except links.LinkError as exc:
+        raise _UsageError(exc.message) from None
+    print(f"window starting {format_time(ref.window_start_ns)} (UTC): {ref.key}",
+          file=sys.stderr)
+    if args.processor:
+        base = args.processor.rstrip("/")
+        query = urlencode({"job": args.job, "rank": args.rank, "at": format_time(at_ns)})
+        print(f"{base}/v1/traces/open?{query}")
+        print(f"{base}/v1/traces/perfetto?{query}")
+        return 0
+    url = links.presigned_url(store, ref.key, args.expires)
+    if url is None:
+        path = Path(store.root, *ref.key.split("/"))  # a file store
+        print(path.absolute().as_uri())
+        print(f"{PERFETTO_HINT}; or pass --processor URL for a link "
+              f"(e.g. --processor http://127.0.0.1:9700)", file=sys.stderr)
+        return 0
+    print(url)
+    print(links.perfetto_ui_url(url))
+    return 0

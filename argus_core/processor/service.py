@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from aiohttp import web
 
+from argus_core.processor import links
 from argus_core.processor.ingest import BodyError, decode_body, parse_body
 from argus_core.processor.store import DEFAULT_MAX_SPOOL_BYTES
 from argus_core.processor.window_output import WindowOutput
@@ -330,6 +331,7 @@ def build_app(processor: Processor) -> web.Application:
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthy)
     app.router.add_get("/readyz", _ready)
+    links.add_routes(app, processor.uploader.store)  # /v1/traces/*: Perfetto one click away
     app.on_startup.append(_start_closer)
     app.on_shutdown.append(_drain)
     return app

@@ -359,6 +359,15 @@ class S3Store:
         except Exception as exc:
             raise self._fail("read", key, exc) from exc
 
+    def presigned_url(self, key: str, expires_s: int) -> str:
+        """A URL that GETs ``key`` without credentials for ``expires_s`` seconds (signed here,
+        no request is made: the key's existence is the caller's to check)."""
+        try:
+            return self._client.generate_presigned_url(
+                "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=expires_s)
+        except Exception as exc:
+            raise self._fail("sign", key, exc) from exc
+
 
 def _content_type(key: str) -> str:
     return "application/gzip" if key.endswith(".gz") else "application/octet-stream"
@@ -377,7 +386,8 @@ def _s3_client(max_attempts: int, connect_timeout_s: float, read_timeout_s: floa
         raise ValueError(f"ARGUS_S3_ADDRESSING_STYLE must be auto, path or virtual, not {style!r}")
     config = Config(connect_timeout=connect_timeout_s, read_timeout=read_timeout_s,
                     retries={"total_max_attempts": max_attempts, "mode": "standard"},
-                    s3={"addressing_style": style})
+                    s3={"addressing_style": style},
+                    signature_version="s3v4")  # presigned URLs too (SigV2 is deprecated)
     return boto3.session.Session().client("s3", config=config)
 
 

@@ -1,0 +1,76 @@
+"""Render every Argus dashboard's panels as PNGs, from their own queries, for the README.
+
+    python bench/render_dashboards.py [--out docs/dashboards] [--minutes 30]
+                                      [--rules recording_rules/argus.rules.yml ...] [--json]
+
+Replays the dashboards' scenario (argus_grafana.scenario: a job with a host stall and a compute
+straggler beside a healthy one, a processor outage, malformed records) through the real
+exporter collectors and processor into Debian's Prometheus, backfills the recording rules if
+given (default: the checkout's recording_rules/*.yml), and draws each dashboard with
+matplotlib (argus_grafana.render). Panels needing the scorer, live alerts or scrape series are
+drawn grey with the reason. Prints the time each stage took and how many panels were drawn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+from _report import report
+
+from argus_grafana import check, generate, scenario
+from argus_grafana.render import Renderer, RenderStats
+
+ROOT = Path(__file__).resolve().parent.parent
+VALUES = {  # what a reader picks to look at the incident
+    "argus-overview": {"job": [scenario.STRAGGLER_JOB, scenario.HEALTHY_JOB]},
+    "argus-stragglers": {"job": [scenario.STRAGGLER_JOB], "axis": ["dp"],
+                         "rank": [str(scenario.STRAGGLER_RANK)]},
+    "argus-kernels": {"job": [scenario.STRAGGLER_JOB], "rank": [str(r) for r in range(8)],
+                      "kernel": ["sm90_xmma_gemm_bf16_mlp_fc1"],
+                      "traces": ["http://localhost:9700"]},
+    "argus-pipeline": {"job": [scenario.STRAGGLER_JOB, scenario.HEALTHY_JOB]},
+}
+
+
+def main() -> None:
+    """Replay, render, report."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(ROOT / "docs" / "dashboards"))
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--rules", nargs="*", type=Path, default=None,
+                        help="recording-rule files to backfill (default: recording_rules/)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rules = check.rule_files(ROOT) if args.rules is None else args.rules
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as workdir:
+        replay = scenario.replay(workdir, minutes=args.minutes, rule_files=rules)
+        replayed = time.perf_counter()
+        try:
+            present = check.present_sources(replay.prometheus.url, replay.start_s,
+                                            replay.end_s)
+            total = RenderStats()
+            for uid, build in generate.BUILDERS.items():
+                board = __import__("json").loads(generate.encode(build()))
+                values = {**VALUES[uid], "__rate_interval": ["1m"],
+                          "__range": [f"{int(replay.end_s - replay.start_s)}s"]}
+                shown = ", ".join(f"{k}={'|'.join(v)}" for k, v in VALUES[uid].items()
+                                  if k != "traces")
+                stats = Renderer(replay.prometheus.url, replay.start_s, replay.end_s, values,
+                                 present).render(board, Path(args.out) / f"{uid}.png", shown)
+                for field in ("panels", "drawn", "placeholders"):
+                    setattr(total, field, getattr(total, field) + getattr(stats, field))
+        finally:
+            replay.prometheus.stop()
+    done = time.perf_counter()
+    report({"dashboards": len(generate.BUILDERS), "panels": total.panels, "drawn": total.drawn,
+            "placeholders": total.placeholders, "samples": replay.samples,
+            "recorded_rules": len(replay.recorded_rules), "replay_s": replayed - started,
+            "render_s": done - replayed}, args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,84 @@
+"""L2, Stragglers: which rank, in which phase, compared with the peers of its parallel group.
+
+A rank x phase matrix of the ratio to the group median along ``$axis`` (the ranks that differ
+from it only on that axis), the same over time, the worst ranks with their robust z and the
+scorer's verdict, and for ``$rank`` its phases against its group's median. Host time and
+collective waiting tell host stalls and late arrivals apart from slow compute.
+"""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.models import dashboard as dm
+
+from argus_grafana import panels as p
+from argus_grafana import queries as q
+
+UID = p.UIDS["stragglers"]
+RATIO_STEPS = p.above((q.L2_MIN_RATIO, "orange"), (1.5, "red"))
+
+
+def build() -> dm.Dashboard:
+    """The Stragglers dashboard (uid ``argus-stragglers``)."""
+    rank_drill = p.drilldown("Rank ${__data.fields.rank}: phases", UID,
+                             "var-job=${job}&var-axis=${axis}&var-rank=${__data.fields.rank}")
+    to_kernels = p.drilldown("Rank ${__data.fields.rank}: kernels", p.UIDS["kernels"],
+                             "var-job=${job}&var-rank=${__data.fields.rank}")
+    series_drill = p.drilldown("Rank ${__field.labels.rank}: phases", UID,
+                               "var-job=${job}&var-axis=${axis}&var-rank=${__field.labels.rank}")
+    board = (p.new_dashboard(
+        UID, "Argus / Stragglers",
+        "L2: each rank's compute-phase time against the median of its group on the chosen "
+        "parallel axis (ranks equal on every other coordinate), the worst ranks with their "
+        "verdict, and one rank's phases over time.",
+        ["L2"], [p.datasource_variable(), p.job_variable(multi=False), p.axis_variable(),
+                 p.query_variable("rank", "Rank", q.VAR_RANK, "Rank to drill into.",
+                                  numeric=True)])
+        .with_panel(p.table(
+            "Rank x phase: ratio to the $axis group median", "Each rank's compute-phase time "
+            "(median of its last N steps) over the median of its $axis group, now. "
+            f"L2 flags >= {q.L2_MIN_RATIO}x with a robust z >= {q.L2_Z:g}. Communication phases "
+            "are left out: waiting in a collective is not being slow (see the waiting panel).",
+            "x", [p.query(q.RANK_PHASE_RATIO_MATRIX, instant=True, table=True)],
+            steps=RATIO_STEPS, colored=True, w=12, h=10, links=[rank_drill, to_kernels],
+            transformations=[p.transformation("groupingToMatrix", columnField="phase",
+                                              rowField="rank", valueField="Value")]))
+        .with_panel(p.table(
+            "Worst ranks", "The ten slowest (rank, phase) pairs against their $axis group: the "
+            "ratio, the robust z ((time - median) / scale, both recorded by the L2 rules) and "
+            "the scorer's verdict for the rank. Click a rank to drill down.", "x",
+            [p.query(q.WORST_RANKS, instant=True, table=True, ref="A"),
+             p.query(q.WORST_RANKS_Z, instant=True, table=True, ref="B"),
+             p.query(q.VERDICTS, instant=True, table=True, ref="C")],
+            steps=RATIO_STEPS, colored=True, w=12, h=10, links=[rank_drill, to_kernels],
+            column_units={"robust z": "none"},
+            transformations=[
+                p.transformation("merge"),
+                p.transformation("organize", excludeByName={"Time": True, "Value #C": True},
+                                 renameByName={"Value #A": "ratio", "Value #B": "robust z",
+                                               "cause": "verdict"}),
+                p.transformation("sortBy", sort=[{"field": "ratio", "desc": True}])]))
+        .with_panel(p.heatmap_panel(
+            "Worst compute-phase ratio per rank over time", "For each rank, its slowest "
+            "compute phase against its $axis group's median, over time: a straggler is a row "
+            "that turns red, and when it started shows on the time axis.", "x",
+            p.query(q.WORST_PHASE_RATIO_BY_RANK, "{{rank}}"), links=[series_drill]))
+        .with_panel(p.timeseries(
+            "Rank $rank: phases against its $axis group median", "The selected rank's "
+            "compute-phase times (solid) and its $axis group's median per phase (L2 rules). "
+            "A gap that opens at one time and stays is a straggler.", "s",
+            [p.query(q.RANK_PHASE_SECONDS, "rank $rank {{phase}}", ref="A"),
+             p.query(q.RANK_GROUP_MEDIAN, "group median {{phase}}", ref="B")],
+            w=24, h=9, minimum=0))
+        .with_panel(p.timeseries(
+            "Host time per step (wall - GPU)", "Per rank, host-side time per step: a rank "
+            "stalled on the host (JIT compilation, GC, data loading) rises here while its GPU "
+            "time stays flat, and the whole job waits for it.", "s",
+            [p.query(q.HOST_SECONDS_PER_STEP, "rank {{rank}}")], w=12, minimum=0,
+            links=[series_drill]))
+        .with_panel(p.timeseries(
+            "Waiting in $axis collectives", "Per rank, its time in each $axis collective "
+            "beyond the shortest member of its group: the ranks that wait are victims; the "
+            "one that never waits arrives last and is the one to look at.", "s",
+            [p.query(q.COLLECTIVE_WAIT_SECONDS, "rank {{rank}} {{phase}}")], w=12, minimum=0,
+            links=[series_drill])))
+    return p.assign_ids(board.build())
