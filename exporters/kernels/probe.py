@@ -403,6 +403,9 @@ class KernelProbe:
         while True:
             item = plumbing.get_completed(DECODE_WAIT_S)
             if item is STOPPED:
+                if self._backlog:
+                    self._backlog = False
+                    self._recover("backlog")
                 return
             if item is None:
                 continue
