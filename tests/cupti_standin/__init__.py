@@ -83,3 +83,13 @@ class Standin:
     def reset(self) -> None:
         """Forget callbacks, buffers and counters (flush first)."""
         self.lib.standin_reset()
+
+
+_BUILT: dict[str, Path] = {}
+
+
+def build_once(out_dir: Path) -> Path:
+    """``build`` once per test process (later calls return the first library)."""
+    if "path" not in _BUILT:
+        _BUILT["path"] = build(out_dir)
+    return _BUILT["path"]
