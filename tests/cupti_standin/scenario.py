@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cupti_standin import Standin  # noqa: E402
+from cupti_standin import Standin
 
 
 def python_callbacks(standin: Standin, steps: int, kernels: int) -> dict:
