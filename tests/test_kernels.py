@@ -321,3 +321,17 @@ def test_training_process_rule(kwargs, expected):
     env = kwargs.pop("env")
     ok, why = training_process(env, **kwargs)
     assert ok is expected and why
+
+
+def test_gathered_records_at_unaligned_offsets_read_right():
+    """The walk's offsets are used as they come: fields off their natural alignment are read
+    byte-wise, with the same result."""
+    rec = records(ROWS[:3])
+    buf = bytearray(4) + bytearray(rec.tobytes())  # every record 4 bytes off alignment
+    index = RecordIndex(np.array([4, 4 + 216, 4 + 432], dtype=np.int64),
+                        np.array([216, 216, 216], dtype=np.int64), {KIND: 3})
+    cols = decode_kernel_buffer(buf, len(buf), read_c_string, candidates=DTYPES,
+                                index_records=lambda: index)
+    assert cols.start_ns.tolist() == [r[0] for r in ROWS[:3]]
+    assert cols.stream.tolist() == [r[2] for r in ROWS[:3]]
+    assert [cols.names[i] for i in cols.name] == [read_c_string(r[3]) for r in ROWS[:3]]

@@ -131,7 +131,7 @@ def _empty_columns(dtype: np.dtype | None, other_kinds: dict[int, int] | None = 
 
 def _gather(buf: Any, valid_size: int, index: RecordIndex,
             candidates: Sequence[np.dtype]) -> tuple[np.ndarray, np.dtype]:
-    """Copy the indexed kernel records into one array of the dtype of their size."""
+    """The indexed kernel records' fields (RECORD_FIELDS only), read at their offsets."""
     sizes = np.unique(index.sizes)
     if len(sizes) != 1:
         raise UnknownRecordLayoutError(
@@ -143,9 +143,18 @@ def _gather(buf: Any, valid_size: int, index: RecordIndex,
         raise UnknownRecordLayoutError(
             f"CUPTI writes {size}-byte kernel records; cupti-python's kernel dtypes are {known}",
             record_size=size)
+    out = np.empty(len(index.offsets), dtype=[(f, dtype.fields[f][0]) for f in RECORD_FIELDS])
     raw = np.frombuffer(buf, dtype=np.uint8, count=valid_size)
-    rows = raw[index.offsets[:, None] + np.arange(size)]
-    return np.ascontiguousarray(rows).view(dtype).reshape(len(index.offsets)), dtype
+    for name in RECORD_FIELDS:
+        field_dtype, field_offset = dtype.fields[name][:2]
+        width = field_dtype.itemsize
+        at = index.offsets + field_offset
+        if not (at % width).any():  # aligned (CUPTI's records are): one fancy index per field
+            out[name] = np.frombuffer(buf, dtype=field_dtype, count=valid_size // width)[
+                at // width]
+        else:
+            out[name] = raw[at[:, None] + np.arange(width)].copy().view(field_dtype)[:, 0]
+    return out, dtype
 
 
 def decode_kernel_buffer(buf: Any, valid_size: int, read_name: Callable[[int], str], *,
