@@ -90,15 +90,17 @@ class CudaClock:
         self._anchor_stream = None
         self._anchors: deque[tuple[Any, int]] = deque(maxlen=keep_anchors)
         self._anchor_lock = threading.Lock()
-        self.anchor()  # before the first step's first mark
 
     def mark(self, stream: Any = None):
         """Record a pooled event on ``stream`` (the current stream by default)."""
+        stream = stream if stream is not None else self.torch.cuda.current_stream()
+        if self._anchor_stream is None:  # the first mark: anchor on its device, before it
+            self.anchor(getattr(stream, "device", None))
         try:  # pop, not check-then-pop: the resolver thread shares the pool
             event = self._pool.pop()
         except IndexError:
             event = self.torch.cuda.Event(enable_timing=True)
-        event.record(stream if stream is not None else self.torch.cuda.current_stream())
+        event.record(stream)
         return event
 
     def ready(self, mark) -> bool:
@@ -117,11 +119,16 @@ class CudaClock:
         """Synchronise on one event (shutdown only)."""
         mark.synchronize()
 
-    def anchor(self) -> None:
-        """Tie device time to epoch time: an event on an idle stream, and ``time.time_ns()``."""
+    def anchor(self, device: Any = None) -> None:
+        """Tie device time to epoch time: an event on an idle stream, and ``time.time_ns()``.
+
+        The stream is made on ``device`` (the first mark's; default: the current device) once.
+        """
         with self._anchor_lock:
             if self._anchor_stream is None:
-                self._anchor_stream = self.torch.cuda.Stream()
+                if device is None:
+                    device = self.torch.cuda.current_device()
+                self._anchor_stream = self.torch.cuda.Stream(device=device)
             event = self.torch.cuda.Event(enable_timing=True)
             event.record(self._anchor_stream)
             self._anchors.append((event, self._now_ns()))
@@ -130,12 +137,15 @@ class CudaClock:
         """Epoch ns (CUPTI's clock) at which a completed ``mark`` ran on the device: the newest
         anchor before it plus ``elapsed_time``; None when no anchor precedes it."""
         anchors = list(self._anchors)
-        if not anchors or self._now_ns() - anchors[-1][1] > self._anchor_every_ns:
+        if anchors and self._now_ns() - anchors[-1][1] > self._anchor_every_ns:
             self.anchor()  # for later marks; this one is placed by the anchors it follows
         for event, epoch in reversed(anchors):
-            if not event.query():
+            try:
+                if not event.query():
+                    continue
+                elapsed_ms = event.elapsed_time(mark)
+            except RuntimeError:  # e.g. a mark on another device: no device time for it
                 continue
-            elapsed_ms = event.elapsed_time(mark)
             if elapsed_ms >= 0:
                 return epoch + round(elapsed_ms * 1e6)
         return None

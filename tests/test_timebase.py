@@ -43,9 +43,12 @@ class Device:
         device = self
 
         class Stream:
-            def __init__(self, lag_ns: int = 2_000):  # an idle stream: ~2 us to run
-                self.lag_ns = lag_ns
+            def __init__(self, lag_ns: int = 2_000, device: int | None = None):
+                self.lag_ns = lag_ns  # an idle stream: ~2 us to run
+                self.device = device_state.current if device is None else device
 
+        device_state = types.SimpleNamespace(current=0)
+        device.state = device_state
         compute = Stream(device.lag_ns)
 
         class Event:
@@ -53,22 +56,30 @@ class Device:
                 assert enable_timing
                 device.events_created += 1
                 self.t: int | None = None
+                self.device: int | None = None
 
             def record(self, stream) -> None:
                 self.t = device.now + stream.lag_ns
+                self.device = stream.device
 
             def query(self) -> bool:
                 return self.t is not None and self.t <= device.now
 
             def elapsed_time(self, end) -> float:
                 assert self.query() and end.query(), "elapsed_time of an incomplete event"
+                if self.device != end.device:
+                    raise RuntimeError("CUDA error: invalid resource handle")
                 return float(np.float32((end.t - self.t) / 1e6))  # ms, float32 like CUDA
 
             def synchronize(self) -> None:
                 device.now = max(device.now, self.t)
 
-        cuda = types.SimpleNamespace(Event=Event, Stream=Stream,
-                                     current_stream=lambda: compute)
+        def current_stream():
+            compute.device = device_state.current
+            return compute
+
+        cuda = types.SimpleNamespace(Event=Event, Stream=Stream, current_stream=current_stream,
+                                     current_device=lambda: device_state.current)
         return types.SimpleNamespace(cuda=cuda)
 
 
@@ -194,3 +205,20 @@ def test_gpu_t_ns_is_optional_and_validated():
         with pytest.raises(SchemaError) as err:
             parse_record({**STEP, "gpu_t_ns": bad})
         assert err.value.field == "gpu_t_ns" and message in err.value.message
+
+
+def test_anchors_live_on_the_device_of_the_marks(tmp_path, monkeypatch):
+    """A tracer created before ``torch.cuda.set_device`` (``argus run`` starts at import)
+    anchors on the device its marks use, and a mark no anchor can time gets no gpu_t_ns
+    instead of an exception in the resolver."""
+    device = Device(4_000_000)
+    torch = device.torch()
+    clock = CudaClock(torch, pool_size=4, now_ns=device.now_ns)  # on device 0
+    device.state.current = 3  # set_device(3), then training starts
+    first = clock.mark()
+    device.now += 10_000_000
+    assert abs(clock.epoch_ns(first) - (EPOCH + 4_000_000)) < 10_000
+    device.state.current = 5  # a mark on a device no anchor is on
+    stray = clock.mark()
+    device.now += 10_000_000
+    assert clock.epoch_ns(stray) is None
