@@ -214,3 +214,28 @@ def test_module_command_builds(tmp_path):
                           check=False)
     assert done.returncode == 0, done.stderr
     assert os.path.isfile(done.stdout.strip())
+
+
+def test_an_unwritable_home_falls_back_to_a_private_temp_folder(tmp_path, monkeypatch):
+    import tempfile
+
+    home = tmp_path / "home"
+    home.write_text("")  # not a folder: ~/.cache/argus cannot be made, even by root
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    path = locate({"HOME": str(home), "PATH": os.defpath})
+    assert path.parent == tmp_path / "tmp" / f"argus-cache-{os.getuid()}"
+    assert path.parent.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_shared_temp_cache_folder_is_refused(tmp_path, monkeypatch):
+    import tempfile
+
+    from argus_exporters._native.build import private_temp_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    folder = tmp_path / f"argus-cache-{os.getuid()}"
+    folder.mkdir()
+    folder.chmod(0o777)  # someone else could plant a library here
+    with pytest.raises(ShimUnavailableError, match="not a private folder"):
+        private_temp_dir()

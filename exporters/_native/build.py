@@ -8,8 +8,9 @@ Where the library comes from, first match wins:
 
 1. ``ARGUS_CUPTI_SHIM=/path/libargus_cupti_shim.so``: a prebuilt library (e.g. built into a
    training image with this script, for images without a compiler).
-2. The cache (``ARGUS_CACHE_DIR``, else ``$XDG_CACHE_HOME/argus``, else ``~/.cache/argus``,
-   else the temp folder): a library built earlier from this exact source on this machine type.
+2. The cache (``ARGUS_CACHE_DIR``, else ``$XDG_CACHE_HOME/argus``, else ``~/.cache/argus``;
+   where that cannot be written, a private ``argus-cache-<uid>`` in the temp folder): a
+   library built earlier from this exact source on this machine type.
 3. A build with ``$CC``, ``cc`` or ``gcc`` into the cache (atomic rename, so ranks starting
    together on one host never see a half-written file).
 
@@ -23,6 +24,7 @@ import hashlib
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -54,7 +56,22 @@ def cache_dir(env: Mapping[str, str]) -> Path:
     home = env.get("HOME")
     if home:
         return Path(home) / ".cache" / "argus"
-    return Path(tempfile.gettempdir()) / "argus-cache"
+    return private_temp_dir()
+
+
+def private_temp_dir() -> Path:
+    """``argus-cache-<uid>`` in the temp folder, made 0700 and checked to be this user's own
+    (a library loaded from a folder others can write to would run their code)."""
+    folder = Path(tempfile.gettempdir()) / f"argus-cache-{os.getuid()}"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        info = folder.lstat()
+    except OSError as exc:
+        raise ShimUnavailableError(f"cannot make {folder}: {exc}") from None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise ShimUnavailableError(f"{folder} is not a private folder of this user; "
+                                   "set ARGUS_CACHE_DIR")
+    return folder
 
 
 def find_compiler(env: Mapping[str, str]) -> str | None:
@@ -114,7 +131,13 @@ def locate(env: Mapping[str, str] | None = None) -> Path:
         return Path(prebuilt)
     if not SOURCE.is_file():
         raise ShimUnavailableError(f"the shim source {SOURCE} is missing from this install")
-    return build(cache_dir(env), env)
+    preferred = cache_dir(env)
+    try:
+        return build(preferred, env)
+    except ShimUnavailableError as exc:
+        if env.get("ARGUS_CACHE_DIR") or not str(exc).startswith("cannot write"):
+            raise
+    return build(private_temp_dir(), env)  # e.g. a read-only home in a container
 
 
 def main(argv: list[str] | None = None) -> int:
