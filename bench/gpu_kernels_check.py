@@ -31,12 +31,14 @@ matmul/softmax on a side stream, ``--inner`` times per step (~300 kernels per st
 - ``objects``: cupti-python's own callback path (Python callbacks, one object per record):
   time per record of the final forced flush, and the kernel-name counts versus ``compare``.
 
-``ok`` needs every part run without error, no mismatch, no tiling mismatch, no kernel dropped
-as incomplete or layout-unknown, the clock offset within 1 ms, and ``mixed`` keeping every
-kernel. Prints one JSON object (last line) and writes it to ``--out`` (default
-``$OUT/gpu_kernels_check.json`` when ``OUT`` is set). Exit 0 ok, 1 not ok, 2 no GPU (with
-``{"ok": false, "error": ...}``). ``--dry-run`` needs no GPU: each child only imports the probe
-from this checkout and picks its callbacks (building the shim), which CI runs.
+``ok`` needs every part but ``objects`` run without error (``objects`` registers Python
+callbacks, the design that can deadlock, so its timeout is reported, not failed), no
+mismatch, no tiling mismatch, no kernel dropped as incomplete or layout-unknown, the clock
+offset within 1 ms, and ``mixed`` keeping every kernel. Prints one JSON object (last line)
+and writes it to ``--out`` (default ``$OUT/gpu_kernels_check.json`` when ``OUT`` is set).
+Exit 0 ok, 1 not ok, 2 no GPU (with ``{"ok": false, "error": ...}``). ``--dry-run`` needs no
+GPU: each child only imports the probe from this checkout and picks its callbacks (building
+the shim), which CI runs.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from _gpu_env import (
 )
 
 PARTS = ("compare", "mixed", "overhead", "duty", "objects")
+INFORMATIVE = ("objects",)  # cupti-python's own Python callbacks: may hang (issue 13), not ours
 CHILD_TIMEOUT_S = 90
 MIN_CHILD_S = 20  # a part is not started with less time than this left
 CLOCK_LIMIT_NS = 1_000_000
@@ -520,6 +523,7 @@ def _summary(parts: dict) -> dict:
         "mixed_records_per_step": mixed.get("records_per_step"),
         "mixed_other_records": mixed.get("other_records"),
         "dropped": {p: parts[p].get("dropped") for p in parts if parts[p].get("dropped")},
+        "objects_error": objects.get("error"),
     }
     if compare.get("names") and objects.get("names"):
         a, b = Counter(compare["names"]), Counter(objects["names"])
@@ -529,7 +533,8 @@ def _summary(parts: dict) -> dict:
 
 def _problems(parts: dict, summary: dict) -> list[str]:
     """Why the check is not ok (empty when it is)."""
-    problems = [f"{p}: {r['error']}" for p, r in parts.items() if "error" in r]
+    problems = [f"{p}: {r['error']}" for p, r in parts.items()
+                if "error" in r and p not in INFORMATIVE]
     problems += [f"{p}: skipped ({r['skipped']})" for p, r in parts.items() if "skipped" in r]
     problems += [f"{p}: probe did not start {r.get('state')}" for p, r in parts.items()
                  if r.get("started") is False]
