@@ -401,3 +401,12 @@ def test_torch_plumbing_stops_with_its_own_sentinel_and_passes_others_on():
 
 def test_record_kind_constant_matches_the_standin():
     assert int(cupti_module.ActivityKind.RUNTIME) == RUNTIME_KIND
+
+
+def test_kernel_callbacks_setting_is_checked():
+    from argus_exporters.config import ConfigError
+
+    assert Settings.from_env({}).kernel_callbacks == "auto"
+    assert Settings.from_env({"ARGUS_KERNEL_CALLBACKS": " Shim "}).kernel_callbacks == "shim"
+    with pytest.raises(ConfigError, match="ARGUS_KERNEL_CALLBACKS"):
+        Settings.from_env({"ARGUS_KERNEL_CALLBACKS": "python"})

@@ -20,6 +20,7 @@ _LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch",
               "torch/distributed/run.py", "torch/distributed/launch.py", "deepspeed",
               "accelerate")
 
+
 @dataclass(frozen=True)
 class ParentInfo:
     """What we can see of the parent process: its initial environment keys and command line."""
@@ -42,7 +43,6 @@ def parent_info() -> ParentInfo | None:
                      for item in environ.split(b"\0") if item)
     argv = tuple(a.decode("utf-8", "replace") for a in cmdline.split(b"\0") if a)
     return ParentInfo(keys, argv)
-
 
 
 def training_process(env: Mapping[str, str], *, forced: bool | None = None,
@@ -83,7 +83,6 @@ def dataloader_worker_info() -> object:
         return torch.utils.data.get_worker_info()
     except Exception:
         return None
-
 
 
 def this_process(env: Mapping[str, str], forced: bool | None) -> tuple[bool, str]:
