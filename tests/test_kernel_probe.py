@@ -410,3 +410,14 @@ def test_kernel_callbacks_setting_is_checked():
     assert Settings.from_env({"ARGUS_KERNEL_CALLBACKS": " Shim "}).kernel_callbacks == "shim"
     with pytest.raises(ConfigError, match="ARGUS_KERNEL_CALLBACKS"):
         Settings.from_env({"ARGUS_KERNEL_CALLBACKS": "python"})
+
+
+def test_without_a_compiler_or_prebuilt_shim_the_probe_is_off_and_says_why(run, tmp_path):
+    """A training image with torch < 2.13 and no cc: the probe stays off (never Python
+    callbacks), and argus_exporter_probe_up says what to do."""
+    probe, health, _ = run.probe(start=False)
+    probe._env = {"RANK": "0", "PATH": str(tmp_path), "ARGUS_CACHE_DIR": str(tmp_path / "c")}
+    assert probe.start() is False
+    state, reason = health.probes["kernels"]
+    assert state == "unavailable"
+    assert "no C compiler" in reason and "ARGUS_CUPTI_SHIM" in reason
