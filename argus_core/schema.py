@@ -52,6 +52,7 @@ class StepRecord:
     wall_s: float
     gpu_s: float
     phases: dict[str, float]
+    gpu_t_ns: int | None = None  # device start on CUPTI's clock (kernels' start_ns); optional
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,8 @@ class StackRecord:
 Record = RankRecord | StepRecord | KernelBatch | StackRecord
 
 
-def _int(rec: dict, field: str, *, minimum: int | None = 0, required: bool = True) -> int | None:
+def _int(rec: dict, field: str, *, minimum: int | None = 0, required: bool = True,
+         below: int | None = None) -> int | None:
     value = rec.get(field)
     if value is None:
         if required:
@@ -91,6 +93,8 @@ def _int(rec: dict, field: str, *, minimum: int | None = 0, required: bool = Tru
         raise SchemaError(field, f"expected an integer, got {type(value).__name__} {value!r:.40}")
     if minimum is not None and value < minimum:
         raise SchemaError(field, f"must be >= {minimum}, got {value}")
+    if below is not None and value >= below:
+        raise SchemaError(field, f"out of range: {value!r}")
     return value
 
 
@@ -198,7 +202,8 @@ def _parse_step(rec: dict, job: str, rank: int) -> StepRecord:
     gpu = rec.get("gpu_s")
     return StepRecord(
         job, rank, _int(rec, "step"), _int(rec, "t_ns"), _seconds(rec.get("wall_s"), "wall_s"),
-        math.nan if gpu is None else _seconds(gpu, "gpu_s"), clean)
+        math.nan if gpu is None else _seconds(gpu, "gpu_s"), clean,
+        _int(rec, "gpu_t_ns", required=False, below=2**63))
 
 
 def _int_columns(rec: dict) -> np.ndarray | None:

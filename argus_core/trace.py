@@ -14,6 +14,8 @@ import numpy as np
 
 from argus_core.schema import AXES, KernelBatch, RankRecord, Record, StackRecord, StepRecord
 
+NO_GPU_T = -1  # StepTable.gpu_t_ns of a step recorded without device time (host clock, CPU)
+
 
 class SymbolTable:
     """Interns strings (kernel or phase names) to dense integer ids, first come first numbered."""
@@ -46,7 +48,11 @@ class SymbolTable:
 
 @dataclass
 class StepTable:
-    """Steps of all ranks, one row per (rank, step); ``phases`` is rows x phases, NaN = absent."""
+    """Steps of all ranks, one row per (rank, step); ``phases`` is rows x phases, NaN = absent.
+
+    ``t_ns`` is host time at each step's start; ``gpu_t_ns`` when its work started on the
+    device, on the clock of kernels' ``start_ns`` (``NO_GPU_T`` where the step has none).
+    """
 
     rank: np.ndarray
     step: np.ndarray
@@ -55,6 +61,11 @@ class StepTable:
     gpu_s: np.ndarray
     phase_names: list[str]
     phases: np.ndarray
+    gpu_t_ns: np.ndarray | None = None  # device start (kernels' clock); NO_GPU_T where absent
+
+    def __post_init__(self) -> None:
+        if self.gpu_t_ns is None:
+            self.gpu_t_ns = np.full(len(self.rank), NO_GPU_T, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.rank)
@@ -187,4 +198,6 @@ def _steps(rows: list[StepRecord]) -> StepTable:
         t_ns=np.array([r.t_ns for r in rows], dtype=np.int64)[order] if rows else rank,
         wall_s=np.array([r.wall_s for r in rows], dtype=np.float64)[order],
         gpu_s=np.array([r.gpu_s for r in rows], dtype=np.float64)[order],
-        phase_names=phase_names.names, phases=phases[order])
+        phase_names=phase_names.names, phases=phases[order],
+        gpu_t_ns=np.array([NO_GPU_T if r.gpu_t_ns is None else r.gpu_t_ns for r in rows],
+                          dtype=np.int64)[order])

@@ -1,43 +1,56 @@
-"""GPU check of the CUPTI kernel probe (exporters/kernels.py): correctness and decode cost.
+"""GPU check of the CUPTI kernel probe (exporters/kernels/): correctness, decode cost, time base.
 
-    python bench/gpu_kernels_check.py [--steps 30] [--only compare,overhead,duty,objects]
+    python bench/gpu_kernels_check.py [--steps 30] [--inner 30] [--only compare,mixed,...]
+                                      [--deadline-s 240] [--out PATH] [--dry-run]
 
-Needs a CUDA GPU, torch with CUDA, and cupti-python matching the CUPTI in use (on the H200
-machine: carry the cupti-python==13.0.1 cp312 wheel and pip-install it first). Each part runs
-in its own child process (CUPTI state is per process) on the same small workload: matmuls,
-pointwise ops and a reduction on the default stream plus a matmul/softmax on a side stream,
-``--inner`` times per step (~300 kernels per step by default), after a warm-up.
+Wheels (the H200 machine has torch 2.11 but no cupti-python and no orjson; bench/gpu_all.sh
+installs them from ``.whl/``): ``cupti-python==13.0.1`` cp312 manylinux x86_64 (needed: record
+dtypes, matching its CUPTI 13.0.85) and ``orjson`` cp312 (optional here: stubbed if missing,
+this check never encodes a record). torch 2.11 has no native CUPTI callbacks, so the probe
+uses the Argus C shim: gpu_all.sh builds it with gcc and sets ARGUS_CUPTI_SHIM (the probe
+would also build it itself into ~/.cache/argus).
+
+Each part runs in its own child process (CUPTI state is per process), at most 90 s each and
+all of them within ``--deadline-s`` (a part that no longer fits is reported ``skipped``), on
+the same small workload: matmuls, pointwise ops and a reduction on the default stream plus a
+matmul/softmax on a side stream, ``--inner`` times per step (~300 kernels per step by default).
 
 - ``compare``: the probe on (duty 1). Every completed buffer is also walked the CUPTI way,
-  ``cuptiActivityGetNextRecord`` (ctypes, same libcupti) + cupti-python's per-record object
-  (``ActivityKernel<N>.from_ptr``), before the probe decodes it with numpy; the emitted record
-  is compared record for record (start, dur, stream, name): ``mismatches``. ``tiling_mismatches``
-  counts records CUPTI did not place at i * itemsize. Then the captured raw records are tiled
-  into one large buffer and the numpy decode, the from_ptr objects (creation + 4 reads; they
-  are kept alive: their dealloc raises a KeyError in cupti-python's BufferManager for buffers it
-  did not issue) and the GetNextRecord walk are timed per record on the same bytes. Also:
-  whether ``cupti.subscribe`` succeeds here (does torch/kineto hold a CUPTI subscriber?).
-- ``overhead``: median step time with the probe off, then on (duty 1), synchronised steps.
-- ``duty``: duty 2; kernels must start inside the traced steps' windows; records per traced
-  step versus ``compare``'s records per step; the enable/disable cost.
-- ``objects``: cupti-python's own path (``activity_register_callbacks`` with Python callbacks,
-  one object per record): time per record of the final forced flush (object creation + a
-  trivial loop), and the kernel-name counts versus ``compare``.
+  ``cuptiActivityGetNextRecord`` + cupti-python's per-record object (``ActivityKernel<N>.
+  from_ptr``), before the probe decodes it; the emitted record is compared record for record
+  (start, dur, stream, name): ``mismatches``; ``tiling_mismatches`` counts records CUPTI did
+  not place at i * itemsize. The captured records, tiled into one large buffer, time the numpy
+  decode against the from_ptr objects and the GetNextRecord walk per record. Also the CUPTI
+  clock's offset from the host's (``time.time_ns() - cuptiGetTimestamp()``) and which
+  callbacks the probe used.
+- ``mixed``: the probe on while another activity kind (RUNTIME) is enabled too, as another
+  CUPTI user would: buffers then hold both kinds; kernels per step must match ``compare``, the
+  RUNTIME records are counted, nothing is dropped as layout-unknown.
+- ``overhead``: median synchronised step time, probe off and on, ABBA segments.
+- ``duty``: duty 2; kernels must start inside the traced steps' windows.
+- ``objects``: cupti-python's own callback path (Python callbacks, one object per record):
+  time per record of the final forced flush, and the kernel-name counts versus ``compare``.
 
-Prints one JSON object; exits 2 with ``{"ok": false, "error": ...}`` where there is no GPU.
-Runs from a plain checkout too (no ``pip install -e .``): ``argus_exporters`` is then loaded from
-``exporters/``, and orjson, which the exporters' record encoder imports but this check never
-uses, is stubbed if missing (reported as ``orjson_stubbed``).
+``ok`` needs every part but ``objects`` run without error (``objects`` registers Python
+callbacks, the design that can deadlock, so its timeout is reported, not failed), no
+mismatch, no tiling mismatch, no kernel dropped as incomplete or layout-unknown, the clock
+offset within 1 ms, and ``mixed`` keeping every kernel. Prints one JSON object (last line)
+and writes it to ``--out`` (default ``$OUT/gpu_kernels_check.json`` when ``OUT`` is set).
+Exit 0 ok, 1 not ok, 2 no GPU (with ``{"ok": false, "error": ...}``). ``--dry-run`` needs no
+GPU: each child only imports the probe from this checkout and picks its callbacks (building
+the shim), which CI runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import faulthandler
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -45,56 +58,25 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-PARTS = ("compare", "overhead", "duty", "objects")
-CHILD_TIMEOUT_S = 240
-REPO = Path(__file__).resolve().parent.parent
+from _gpu_env import (
+    Deadline,
+    default_out,
+    ensure_argus_exporters,
+    finish,
+    no_gpu_reason,
+    stub_orjson,
+    versions,
+)
 
+PARTS = ("compare", "mixed", "overhead", "duty", "objects")
+INFORMATIVE = ("objects",)  # cupti-python's own Python callbacks: may hang (issue 13), not ours
+CHILD_TIMEOUT_S = 90
+MIN_CHILD_S = 20  # a part is not started with less time than this left
+CLOCK_LIMIT_NS = 1_000_000
+RUNTIME_KIND = 5  # cupti.cupti.ActivityKind.RUNTIME
 
-def _ensure_imports() -> bool:
-    """Make ``argus_exporters`` importable from a plain checkout; True if orjson was stubbed."""
-    import types
-
-    stubbed = False
-    try:
-        import orjson  # noqa: F401
-    except ImportError:
-        stub = types.ModuleType("orjson")
-        stub.OPT_SERIALIZE_NUMPY, stub.OPT_APPEND_NEWLINE = 1 << 4, 1 << 10
-
-        def dumps(*args: Any, **kwargs: Any) -> bytes:
-            raise NotImplementedError("orjson is stubbed in gpu_kernels_check")
-
-        stub.dumps = dumps
-        sys.modules["orjson"] = stub
-        stubbed = True
-    try:
-        import argus_exporters  # noqa: F401
-    except ImportError:  # not installed, or its __init__ needs what is not here: a bare package
-        for name in [m for m in sys.modules if m.split(".")[0] == "argus_exporters"]:
-            del sys.modules[name]
-        package = types.ModuleType("argus_exporters")
-        package.__path__ = [str(REPO / "exporters")]
-        sys.modules["argus_exporters"] = package
-    return stubbed
-
-
-ORJSON_STUBBED = _ensure_imports()
-
-
-def _no_gpu_reason() -> str | None:
-    """Why this machine cannot run the check (None when it can)."""
-    try:
-        import torch
-    except Exception as exc:
-        return f"torch is not installed ({exc})"
-    if not torch.cuda.is_available():
-        return (f"no GPU: torch {torch.__version__} reports torch.cuda.is_available() is False "
-                f"(CUDA build: {torch.version.cuda})")
-    try:
-        from cupti import cupti  # noqa: F401
-    except Exception as exc:
-        return f"cupti-python is not importable ({exc}); pip-install the carried wheel"
-    return None
+ORJSON_STUBBED = stub_orjson()
+ARGUS_FROM = ensure_argus_exporters()
 
 
 # ---- the workload --------------------------------------------------------------------------------
@@ -116,6 +98,9 @@ def _make_workload(inner: int):
             torch.cuda.current_stream().wait_stream(side)
             _ = s + z.mean()  # no host sync inside the step
 
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
     return step
 
 
@@ -124,6 +109,7 @@ def _settings(duty: int):
 
     return Settings(enabled=True, kernels=True, kernel_duty=duty, kernel_flush_s=0.2,
                     kernel_buffer_bytes=8 << 20, kernel_buffers=8,
+                    kernel_callbacks=os.environ.get("ARGUS_KERNEL_CALLBACKS", "auto"),
                     extra={"training_rank": True})
 
 
@@ -132,6 +118,19 @@ def _identity():
 
     return RankIdentity(job="gpu-check", rank=0, world_size=1, local_rank=0, host="h",
                         coords={"dp": 0, "tp": 0, "pp": 0, "ep": 0})
+
+
+def _probe(duty: int, emitted: list, cls: Any = None):
+    from argus_exporters.health import Health
+    from argus_exporters.kernels import KernelProbe
+
+    health = Health()
+    probe = (cls or KernelProbe)(_settings(duty), _identity(), emitted.append, health)
+    return probe, health
+
+
+def _started(probe) -> dict:
+    return {"started": False, "state": list(probe.state or ())}
 
 
 def _kernel_class(cupti: Any, dtype: Any) -> Any:
@@ -151,21 +150,12 @@ def _kernel_class(cupti: Any, dtype: Any) -> Any:
 _KEEP: list[Any] = []
 
 
-def _next_record_fn(lib: ctypes.CDLL):
-    fn = lib.cuptiActivityGetNextRecord
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]
-    fn.restype = ctypes.c_int
-    return fn
-
-
 def _walk(next_record, address: int, valid: int, cls: Any | None, kind: int):
     """CUPTI's own iteration; rows (offset, kind, start, end, stream, name) via objects."""
-    from argus_exporters.kernels import CUPTI_ERROR_MAX_LIMIT_REACHED
-
     rows, record = [], ctypes.c_void_p(None)
     while True:
         status = next_record(address, valid, ctypes.byref(record))
-        if status == CUPTI_ERROR_MAX_LIMIT_REACHED:
+        if status == 12:  # CUPTI_ERROR_MAX_LIMIT_REACHED
             return rows, None
         if status != 0:
             return rows, f"cuptiActivityGetNextRecord returned {status}"
@@ -179,55 +169,56 @@ def _walk(next_record, address: int, valid: int, cls: Any | None, kind: int):
         rows.append((pointer - address, rec_kind, obj.start, obj.end, obj.stream_id, obj.name))
 
 
+def _names(emitted: list[dict]) -> Counter:
+    names: Counter = Counter()
+    for rec in emitted:
+        for i in rec["name"].tolist():
+            names[rec["names"][i]] += 1
+    return names
+
+
+def _probe_summary(probe, health, steps: int) -> dict:
+    stats = probe.stats
+    return {"state": list(probe.state or ()), "plumbing": probe._plumbing.name,
+            "records": stats.records, "records_per_step": stats.records / steps,
+            "buffers": stats.buffers, "walked_buffers": stats.walked_buffers,
+            "other_records": stats.other_records, "flushes": stats.flushes,
+            "cupti_dropped": stats.cupti_dropped, "dropped": dict(health.dropped),
+            "clock_offset_ns": stats.clock_offset_ns,
+            "decode_us_per_record": 1e6 * stats.decode_s / max(1, stats.records),
+            "cpu_s": health.cpu_seconds}
+
+
 # ---- children ------------------------------------------------------------------------------------
 
 def child_compare(steps: int, inner: int) -> dict:
-    """Probe on, duty 1; reference walk on the same buffers; decode timings."""
+    """Probe on, duty 1; reference walk on the same buffers; decode timings; clock offset."""
     import torch
     from cupti import cupti
 
-    from argus_exporters.health import Health
-    from argus_exporters.kernels import CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL as KIND
+    from argus_exporters.kernels import CONCURRENT_KERNEL as KIND
     from argus_exporters.kernels import KernelProbe, pick_record_dtype
 
     step = _make_workload(inner)
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-
-    subscribe = {"ok": None, "error": None}
-    try:
-        handle = cupti.subscribe(lambda *args: None, None)
-        cupti.unsubscribe(handle)
-        subscribe["ok"] = True
-    except Exception as exc:
-        subscribe.update(ok=False, error=str(exc))
-
     emitted: list[dict] = []
-    check = {"buffers": 0, "ref_records": 0, "decoded": 0, "mismatches": 0,
-             "tiling_mismatches": 0, "foreign_kinds": 0, "walk_errors": [], "walk_s": 0.0,
-             "examples": []}
+    check = {"ref_records": 0, "decoded": 0, "mismatches": 0, "tiling_mismatches": 0,
+             "foreign_kinds": 0, "walk_errors": [], "walk_s": 0.0, "examples": []}
     raw_buffers: list[bytes] = []
 
     class CheckedProbe(KernelProbe):
-        def _decode_buffer(self, address: int, valid_size: int) -> None:
-            buf = self._buffers.get(address)
-            if buf is None:
-                return super()._decode_buffer(address, valid_size)
-            raw_buffers.append(bytes(buf[:valid_size]))
-            dtype = self._dtype
-            if dtype is None:
-                dtype = pick_record_dtype(buf, valid_size, self._candidates)
+        def _decode(self, item) -> None:
+            raw = ctypes.string_at(item.address, item.valid_size) if item.valid_size else b""
+            raw_buffers.append(raw)
+            dtype = self._dtype or pick_record_dtype(raw, len(raw), self._candidates)
             cls = _kernel_class(cupti, dtype) if dtype is not None else None
             t0 = time.perf_counter()
-            rows, error = _walk(_next_record_fn(self._backend.lib), address, valid_size, cls,
-                                KIND)
+            next_record = self._backend.functions["cuptiActivityGetNextRecord"]
+            rows, error = _walk(next_record, item.address, item.valid_size, cls, KIND)
             check["walk_s"] += time.perf_counter() - t0
             if error:
                 check["walk_errors"].append(error)
             before = len(emitted)
-            super()._decode_buffer(address, valid_size)
-            check["buffers"] += 1
+            super()._decode(item)
             itemsize = dtype.itemsize if dtype is not None else 0
             ref = []
             for i, (offset, kind, start, end, stream, name) in enumerate(rows):
@@ -249,44 +240,39 @@ def child_compare(steps: int, inner: int) -> dict:
             bad = [(a, b) for a, b in zip(ref, got, strict=False) if a != b]
             check["mismatches"] += len(bad) + abs(len(ref) - len(got))
             if bad and len(check["examples"]) < 3:
-                check["examples"].append({"reference": list(bad[0][0]), "probe": list(bad[0][1])})
-            return None
+                check["examples"].append({"reference": list(bad[0][0]),
+                                          "probe": list(bad[0][1])})
 
-    health = Health()
-    probe = CheckedProbe(_settings(1), _identity(), emitted.append, health)
+    probe, health = _probe(1, emitted, CheckedProbe)
     if not probe.start():
-        return {"started": False, "state": list(probe.state or ()), "subscribe": subscribe}
+        return _started(probe)
+    offsets = []
     t0 = time.perf_counter()
     for s in range(steps):
         probe.step_begin(s)
         step()
         probe.step_end(s)
+        if s % 10 == 0:
+            offsets.append(probe._backend.clock_offset_ns())
     torch.cuda.synchronize()
     run_s = time.perf_counter() - t0
     probe.shutdown()
-
-    names = Counter()
-    for rec in emitted:
-        for i in rec["name"].tolist():
-            names[rec["names"][i]] += 1
+    offsets.append(probe._backend.clock_offset_ns())
     dtype = probe._dtype
     out = {
-        "started": True, "state": list(probe.state or ()), "subscribe": subscribe,
-        "record_dtype": repr(dtype.names[:3]) + f" itemsize {dtype.itemsize}" if dtype else None,
+        "started": True, **_probe_summary(probe, health, steps),
+        "cupti": probe._backend.describe(),
         "itemsize": dtype.itemsize if dtype else None,
         "kernel_class": _kernel_class(cupti, dtype).__name__ if dtype else None,
-        "steps": steps, "run_s": run_s, "records": probe.stats.records,
-        "records_per_step": probe.stats.records / steps,
-        "emitted_records": len(emitted), "dropped": dict(health.dropped),
-        "probe_decode_us_per_record": 1e6 * probe.stats.decode_s / max(1, probe.stats.records),
+        "steps": steps, "run_s": run_s, "emitted_records": len(emitted),
         "walk_objects_us_per_record_in_thread": 1e6 * check.pop("walk_s") / max(
             1, check["ref_records"]),
-        "flushes": probe.stats.flushes, "names": dict(names.most_common()),
-        **check,
+        "clock_offsets_ns": offsets, "clock_offset_max_abs_ns": max(abs(o) for o in offsets),
+        "names": dict(_names(emitted).most_common()), **check,
     }
     if dtype is not None and raw_buffers:
         out["synthetic"] = _time_decoders(b"".join(raw_buffers), dtype, cupti,
-                                          _next_record_fn(probe._backend.lib))
+                                          probe._backend.functions["cuptiActivityGetNextRecord"])
     return out
 
 
@@ -295,23 +281,18 @@ def _time_decoders(raw: bytes, dtype: Any, cupti: Any, next_record: Any, target:
     """Per-record cost of numpy decode vs cupti-python objects on the same (tiled) records."""
     import numpy as np
 
-    from argus_exporters.kernels import NameTable, decode_kernel_buffer, read_c_string
+    from argus_exporters.kernels import decode_kernel_buffer, read_c_string
 
     itemsize = dtype.itemsize
     n = len(raw) // itemsize
     reps = max(1, -(-target // n))
     big = np.frombuffer(bytearray(raw[: n * itemsize] * reps), dtype=np.uint8)
     count = len(big) // itemsize
-    table = NameTable()
-    decode_kernel_buffer(big, len(big), table, read_c_string, dtype=dtype)  # warm the names
     best = float("inf")
     for _ in range(5):
         t0 = time.perf_counter()
-        cols = decode_kernel_buffer(big, len(big), table, read_c_string, dtype=dtype)
+        cols = decode_kernel_buffer(big, len(big), read_c_string, dtype=dtype)
         best = min(best, time.perf_counter() - t0)
-    fresh_t0 = time.perf_counter()
-    decode_kernel_buffer(big, len(big), NameTable(), read_c_string, dtype=dtype)
-    fresh = time.perf_counter() - fresh_t0
     cls = _kernel_class(cupti, dtype)
     base = big.ctypes.data
     m = min(objects, count)
@@ -331,87 +312,97 @@ def _time_decoders(raw: bytes, dtype: Any, cupti: Any, next_record: Any, target:
     walk_s = time.perf_counter() - t0
     numpy_us = 1e6 * best / count
     objects_us = 1e6 * objects_s / m  # create + 4 reads; dealloc not included
+    valid = np.flatnonzero(cols.dur_ns >= 0)
     same = all(r == (int(cols.start_ns[i]), int(cols.start_ns[i] + cols.dur_ns[i]),
                      int(cols.stream[i]), cols.names[cols.name[i]])
-               for i, r in enumerate(rows[:1000]))
+               for i, r in zip(valid[:1000].tolist(), rows[:1000], strict=False))
     return {"records": count, "numpy_us_per_record": numpy_us,
-            "numpy_cold_names_us_per_record": 1e6 * fresh / count,
             "objects_from_ptr_us_per_record": objects_us,
             "get_next_record_us_per_record": 1e6 * walk_s / max(1, walked),
             "speedup": objects_us / numpy_us if numpy_us else None,
             "first_1000_agree": same}
 
 
-def child_overhead(steps: int, inner: int) -> dict:
-    """Mean synchronised step time with the probe off, then on (duty 1)."""
-    import statistics
-
+def child_mixed(steps: int, inner: int) -> dict:
+    """The probe while RUNTIME records share its buffers (another CUPTI user)."""
     import torch
 
-    from argus_exporters.health import Health
-    from argus_exporters.kernels import KernelProbe
+    step = _make_workload(inner)
+    emitted: list[dict] = []
+    probe, health = _probe(1, emitted)
+    if not probe.start():
+        return _started(probe)
+    probe._backend.enable(RUNTIME_KIND)  # what another CUPTI client would switch on
+    for s in range(steps):
+        probe.step_begin(s)
+        step()
+        probe.step_end(s)
+    torch.cuda.synchronize()
+    probe.shutdown()
+    probe._backend.disable(RUNTIME_KIND)
+    return {"started": True, **_probe_summary(probe, health, steps),
+            "names": dict(_names(emitted).most_common())}
+
+
+def child_overhead(steps: int, inner: int) -> dict:
+    """Median synchronised step time, probe off and on, ABBA segments (off: paused, drained)."""
+    import torch
 
     step = _make_workload(inner)
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
+    emitted: list[dict] = []
+    probe, health = _probe(1, emitted)
+    if not probe.start():
+        return _started(probe)
+    probe.pause()
+    probe.drain()
 
-    def timed(probe) -> list[float]:
+    def timed(on: bool) -> list[float]:
         out = []
         for s in range(steps):
             t0 = time.perf_counter()
-            if probe:
+            if on:
                 probe.step_begin(s)
             step()
-            if probe:
+            if on:
                 probe.step_end(s)
             torch.cuda.synchronize()
             out.append(time.perf_counter() - t0)
+        if on:
+            probe.pause()
+            probe.drain()
         return out
 
-    off = timed(None)
-    health, emitted = Health(), []
-    probe = KernelProbe(_settings(1), _identity(), emitted.append, health)
-    if not probe.start():
-        return {"started": False, "state": list(probe.state or ())}
-    on = timed(probe)
-    off2 = timed(None)  # CUPTI still enabled: kernels are recorded, hooks not called
+    off, on = [], []
+    for order in ((False, True, True, False), (False, True, True, False)):
+        for segment in order:
+            (on if segment else off).extend(timed(segment))
     probe.shutdown()
     return {"started": True, "step_ms_off": 1e3 * statistics.median(off),
             "step_ms_on": 1e3 * statistics.median(on),
-            "step_ms_cupti_on_no_hooks": 1e3 * statistics.median(off2),
             "overhead_pct": 100 * (statistics.median(on) / statistics.median(off) - 1),
-            "records": probe.stats.records, "cpu_s": health.cpu_seconds,
-            "dropped": dict(health.dropped), "toggle_s_max": probe.stats.toggle_s_max}
+            "toggle_s_max": probe.stats.toggle_s_max, **_probe_summary(probe, health, steps)}
 
 
 def child_duty(steps: int, inner: int) -> dict:
     """Duty 2: only traced steps' kernels arrive; enable/disable cost."""
     import numpy as np
     import torch
-    from cupti import cupti
-
-    from argus_exporters.health import Health
-    from argus_exporters.kernels import KernelProbe
 
     step = _make_workload(inner)
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
     emitted: list[dict] = []
-    health = Health()
-    probe = KernelProbe(_settings(2), _identity(), emitted.append, health)
+    probe, health = _probe(2, emitted)
     if not probe.start():
-        return {"started": False, "state": list(probe.state or ())}
+        return _started(probe)
+    clock = probe._backend.timestamp
     windows = []
     for s in range(steps):
-        t_begin = cupti.get_timestamp()
+        t_begin = clock()
         probe.step_begin(s)
         step()
         torch.cuda.synchronize()
         probe.step_end(s)
         if s % 2 == 0:
-            windows.append((t_begin, cupti.get_timestamp()))
+            windows.append((t_begin, clock()))
     probe.shutdown()
     starts = np.concatenate([r["start_ns"] for r in emitted]) if emitted else np.empty(0)
     inside = np.zeros(len(starts), dtype=bool)
@@ -431,9 +422,6 @@ def child_objects(steps: int, inner: int) -> dict:
     from cupti import cupti
 
     step = _make_workload(inner)
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
     kind = cupti.ActivityKind.CONCURRENT_KERNEL
     names: Counter = Counter()
     counts = {"records": 0, "callback_s": 0.0, "buffers": 0}
@@ -468,25 +456,40 @@ def child_objects(steps: int, inner: int) -> dict:
             "names": dict(names.most_common())}
 
 
-CHILDREN = {"compare": child_compare, "overhead": child_overhead, "duty": child_duty,
-            "objects": child_objects}
+def child_dry_run(part: str) -> dict:
+    """No GPU: import the probe from this checkout and pick its callbacks (may build the shim)."""
+    from argus_exporters.kernels import KernelProbe  # noqa: F401
+    from argus_exporters.kernels.cupti import ProbeUnavailableError
+    from argus_exporters.kernels.plumbing import select_plumbing
+
+    with contextlib.suppress(ImportError):
+        import torch  # noqa: F401
+    settings = _settings(1)
+    try:
+        plumbing = select_plumbing(settings.kernel_callbacks, os.environ).name
+    except ProbeUnavailableError as exc:
+        plumbing = f"unavailable: {exc.reason}"
+    return {"dry_run": True, "part": part, "argus_exporters": ARGUS_FROM, "plumbing": plumbing}
+
+
+CHILDREN = {"compare": child_compare, "mixed": child_mixed, "overhead": child_overhead,
+            "duty": child_duty, "objects": child_objects}
 
 
 # ---- orchestration -------------------------------------------------------------------------------
 
-def _run_child(part: str, steps: int, inner: int) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", part, "--steps", str(steps),
-           "--inner", str(inner)]
+def _run_child(part: str, args: argparse.Namespace, timeout: float) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", part, "--steps",
+           str(args.steps), "--inner", str(args.inner)] + (["--dry-run"] if args.dry_run else [])
     env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S,
-                              env=env, check=False)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                              check=False)
     except subprocess.TimeoutExpired as exc:
-        tail = (exc.stderr or b"")[-2000:]
-        return {"error": f"timed out after {CHILD_TIMEOUT_S} s",
-                "stderr_tail": tail.decode("utf-8", "replace") if isinstance(tail, bytes)
-                else tail}
+        tail = exc.stderr or b""
+        tail = tail.decode("utf-8", "replace") if isinstance(tail, bytes) else tail
+        return {"error": f"timed out after {timeout:.0f} s", "stderr_tail": tail[-2000:]}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
         return {"error": f"exit {proc.returncode}", "stderr_tail": proc.stderr[-3000:],
@@ -497,16 +500,18 @@ def _run_child(part: str, steps: int, inner: int) -> dict:
 
 
 def _summary(parts: dict) -> dict:
-    compare, objects = parts.get("compare", {}), parts.get("objects", {})
+    compare, mixed, objects = (parts.get(p, {}) for p in ("compare", "mixed", "objects"))
     synthetic = compare.get("synthetic", {})
     summary = {
+        "plumbing": compare.get("plumbing"),
         "mismatches": compare.get("mismatches"),
         "tiling_mismatches": compare.get("tiling_mismatches"),
         "records_compared": compare.get("ref_records"),
         "record_dtype_itemsize": compare.get("itemsize"),
         "kernel_class": compare.get("kernel_class"),
+        "clock_offset_max_abs_ns": compare.get("clock_offset_max_abs_ns"),
         "numpy_us_per_record": synthetic.get("numpy_us_per_record"),
-        "probe_decode_us_per_record": compare.get("probe_decode_us_per_record"),
+        "probe_decode_us_per_record": compare.get("decode_us_per_record"),
         "objects_from_ptr_us_per_record": synthetic.get("objects_from_ptr_us_per_record"),
         "cupti_python_flush_us_per_record": objects.get("flush_us_per_record"),
         "speedup_vs_from_ptr": synthetic.get("speedup"),
@@ -515,7 +520,10 @@ def _summary(parts: dict) -> dict:
             "kernels_outside_traced_steps"),
         "duty_records_per_traced_step": parts.get("duty", {}).get("records_per_traced_step"),
         "records_per_step_duty1": compare.get("records_per_step"),
-        "subscribe_ok_with_torch_loaded": compare.get("subscribe", {}).get("ok"),
+        "mixed_records_per_step": mixed.get("records_per_step"),
+        "mixed_other_records": mixed.get("other_records"),
+        "dropped": {p: parts[p].get("dropped") for p in parts if parts[p].get("dropped")},
+        "objects_error": objects.get("error"),
     }
     if compare.get("names") and objects.get("names"):
         a, b = Counter(compare["names"]), Counter(objects["names"])
@@ -523,45 +531,83 @@ def _summary(parts: dict) -> dict:
     return summary
 
 
+def _problems(parts: dict, summary: dict) -> list[str]:
+    """Why the check is not ok (empty when it is)."""
+    problems = [f"{p}: {r['error']}" for p, r in parts.items()
+                if "error" in r and p not in INFORMATIVE]
+    problems += [f"{p}: skipped ({r['skipped']})" for p, r in parts.items() if "skipped" in r]
+    problems += [f"{p}: probe did not start {r.get('state')}" for p, r in parts.items()
+                 if r.get("started") is False]
+    for key in ("mismatches", "tiling_mismatches"):
+        if summary.get(key):
+            problems.append(f"{key} = {summary[key]}")
+    for part, dropped in summary["dropped"].items():
+        for reason in ("kernel_incomplete_record", "kernel_record_layout_unknown",
+                       "kernel_decode_error"):
+            if dropped.get(reason):
+                problems.append(f"{part}: {dropped[reason]} records dropped as {reason}")
+    offset = summary.get("clock_offset_max_abs_ns")
+    if offset is not None and offset > CLOCK_LIMIT_NS:
+        problems.append(f"CUPTI clock {offset} ns off the host clock")
+    per_step, mixed = summary.get("records_per_step_duty1"), summary.get("mixed_records_per_step")
+    if per_step and mixed is not None and abs(mixed - per_step) > 0.01 * per_step:
+        problems.append(f"mixed: {mixed:.1f} kernels per step, {per_step:.1f} without RUNTIME")
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the parts in child processes and print one JSON object."""
+    """Run the parts in child processes; print and write one JSON object."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--inner", type=int, default=30, help="workload repeats per step")
     parser.add_argument("--only", default=",".join(PARTS))
+    parser.add_argument("--deadline-s", type=float, default=240.0,
+                        help="overall budget for all parts")
+    parser.add_argument("--out", default=default_out("gpu_kernels_check.json"),
+                        help="also write the JSON here (default: $OUT/gpu_kernels_check.json)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="no GPU: children only import the probe and pick its callbacks")
     parser.add_argument("--child", choices=PARTS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    chosen = [p.strip() for p in args.only.split(",") if p.strip()]
+    unknown = [p for p in chosen if p not in CHILDREN]
+    if unknown:
+        parser.error(f"unknown part {unknown[0]!r} (parts: {', '.join(PARTS)})")
+    deadline = Deadline(args.deadline_s)
 
-    reason = _no_gpu_reason()
-    if args.child and not reason:
-        faulthandler.dump_traceback_later(CHILD_TIMEOUT_S - 10, exit=True)  # hangs: say where
-        result = CHILDREN[args.child](args.steps, args.inner)
+    reason = None if args.dry_run else no_gpu_reason(need_cupti=True)
+    if args.child and (args.dry_run or not reason):
+        if args.dry_run:
+            result = child_dry_run(args.child)
+        else:
+            faulthandler.dump_traceback_later(CHILD_TIMEOUT_S - 5, exit=True)  # hangs: where
+            result = CHILDREN[args.child](args.steps, args.inner)
         print(json.dumps(result, default=str), flush=True)
         sys.stderr.flush()
         os._exit(0)  # no teardown: the kept cupti-python objects must not die (see _KEEP)
     if reason:
         print(f"gpu_kernels_check: cannot run here: {reason}", file=sys.stderr)
-        print(json.dumps({"ok": False, "error": reason}))
-        return 2
-    import torch
+        return finish({"ok": False, "error": reason, "versions": versions()}, args.out, 2)
 
-    parts = {}
-    for part in [p.strip() for p in args.only.split(",") if p.strip()]:
-        if part not in CHILDREN:
-            parser.error(f"unknown part {part!r} (parts: {', '.join(PARTS)})")
-        parts[part] = _run_child(part, args.steps, args.inner)
-    from importlib.metadata import version
-
+    parts: dict[str, dict] = {}
+    for part in chosen:
+        left = deadline.remaining()
+        if left < MIN_CHILD_S:
+            parts[part] = {"skipped": f"deadline: {left:.0f} s left"}
+            continue
+        parts[part] = _run_child(part, args, min(CHILD_TIMEOUT_S, left))
     summary = _summary(parts)
-    ok = (not any("error" in p for p in parts.values())
-          and summary.get("mismatches") in (0, None)
-          and summary.get("tiling_mismatches") in (0, None))
-    print(json.dumps({"ok": ok, "orjson_stubbed": ORJSON_STUBBED,
-                      "device": torch.cuda.get_device_name(0),
-                      "torch": torch.__version__, "cuda": torch.version.cuda,
-                      "cupti_python": version("cupti-python"), "summary": summary,
-                      "parts": parts}, default=str))
-    return 0 if ok else 1
+    problems = _problems(parts, summary)
+    device = None
+    if not args.dry_run:
+        import torch
+
+        device = torch.cuda.get_device_name(0)
+    result = {"ok": not problems, "problems": problems, "dry_run": args.dry_run,
+              "device": device, "versions": versions(), "argus_exporters": ARGUS_FROM,
+              "orjson_stubbed": ORJSON_STUBBED, "shim": os.environ.get("ARGUS_CUPTI_SHIM"),
+              "summary": summary, "parts": parts}
+    return finish(result, args.out, 0 if not problems else 1)
 
 
 if __name__ == "__main__":

@@ -1,123 +1,84 @@
-"""GPU check (prepared for the H200 device): Argus overhead on the paper's two workloads.
+"""GPU check (H200): Argus's overhead on the paper's two workloads, all probes on vs all off.
 
-    python bench/gpu_overhead.py [--pairs 12] [--steps 30] [--json]
+    python bench/gpu_overhead.py [--rounds 6] [--steps 30] [--deadline-s 200] [--out PATH]
+                                 [--json] [--dry-run]
+
+Wheels (bench/gpu_all.sh installs them from ``.whl/``): ``orjson`` cp312 manylinux x86_64
+(needed: the file sink encodes every record), ``cupti-python==13.0.1`` cp312 (the kernel probe;
+without it the all-on mode runs without kernels and says so), ``py-spy`` manylinux x86_64 (the
+stack probe; likewise optional). Runs from a plain checkout: ``argus_exporters`` is loaded from
+``exporters/`` when it is not installed.
 
 Launch-heavy: eager MLP of 48 x (Linear(512) + GELU), bf16, 8 x 256 tokens. GEMM-heavy:
-8 x Linear(4096), bf16, 8,192 tokens. Each step is forward, backward and an AdamW step. In one
-process, interleaved pairs of segments run with Argus off (no hooks, CUPTI paused) and with
-everything on (phase hooks on CUDA events, CUPTI kernels every step, py-spy stacks, metrics,
-file sink), timed with a device synchronise at segment edges only. Also measured, in the same
-pairs: phases alone (semantics events), for comparison with the paper's ~1%. Reports the
-median overhead per mode with its spread. Targets: <= 2% launch-heavy, <= 1% GEMM-heavy.
-Needs CUDA; on a machine without it prints a JSON error and exits 2.
+8 x Linear(4096), bf16, 8,192 tokens. Each step is forward, backward and an AdamW step. Per
+workload and mode, ``--rounds`` rounds of four segments in ABBA order (off, on, on, off),
+``--steps`` steps each, timed with a device synchronise at segment edges only:
+
+- off: no hooks; the kernel probe paused and drained (CONCURRENT_KERNEL off, no flushes); no
+  stack probe running. The tracer's own threads are idle (nothing pending).
+- all_on: phase hooks on CUDA events, CUPTI kernels every step, py-spy stack samples (a stack
+  probe started before the segment and stopped after it, outside the timing), the metrics
+  endpoint, the file sink.
+- phases_only: the phase hooks alone (the paper's ~1%).
+
+A round's overhead is (on - off) / off over its two on and two off segments; the median over
+rounds is reported with its spread. Targets: <= 2% launch-heavy, <= 1% GEMM-heavy. Rounds stop
+early when the next one would not fit in ``--deadline-s`` (each workload gets half); the rounds
+done are reported. The JSON (last line) also goes to ``--out`` (default
+``$OUT/gpu_overhead.json`` when ``OUT`` is set). No GPU: ``{"ok": false, "error": ...}``, exit 2.
+``--dry-run`` runs the same orchestration on the CPU (tiny models, host clock, one round of two
+steps), which CI does.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
 
 import numpy as np
-from _report import report
+from _gpu_env import (
+    Deadline,
+    default_out,
+    ensure_argus_exporters,
+    finish,
+    free_port,
+    no_gpu_reason,
+    versions,
+    write_json,
+)
+
+ARGUS_FROM = ensure_argus_exporters()
+MODES = ("all_on", "phases_only")
+TARGETS_PCT = {"launch_heavy": 2.0, "gemm_heavy": 1.0}
 
 
-def build(torch, kind: str):
-    """(model, optimizer, input) of one workload on the GPU."""
+def build(torch, kind: str, device: str, tiny: bool):
+    """(model, optimizer, input) of one workload."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
     if kind == "launch_heavy":
-        layers = [m for _ in range(48) for m in (torch.nn.Linear(512, 512), torch.nn.GELU())]
-        x = torch.randn(8 * 256, 512)
+        width, depth, tokens = (32, 4, 8) if tiny else (512, 48, 8 * 256)
+        layers = [m for _ in range(depth) for m in (torch.nn.Linear(width, width),
+                                                    torch.nn.GELU())]
     else:
-        layers = [torch.nn.Linear(4096, 4096) for _ in range(8)]
-        x = torch.randn(8192, 4096)
-    model = torch.nn.Sequential(*layers).cuda().to(torch.bfloat16)
+        width, depth, tokens = (32, 2, 8) if tiny else (4096, 8, 8192)
+        layers = [torch.nn.Linear(width, width) for _ in range(depth)]
+    model = torch.nn.Sequential(*layers).to(device=device, dtype=dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
-    return model, optimizer, x.cuda().to(torch.bfloat16)
+    return model, optimizer, torch.randn(tokens, width, device=device, dtype=dtype)
 
 
-def run_steps(torch, model, optimizer, x, steps: int) -> float:
+def run_steps(torch, model, optimizer, x, steps: int, sync) -> float:
     """Seconds for ``steps`` training steps, synchronised at both ends only."""
-    torch.cuda.synchronize()
+    sync()
     t0 = time.perf_counter()
     for _ in range(steps):
         model(x).float().pow(2).mean().backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
+    sync()
     return time.perf_counter() - t0
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pairs", type=int, default=12)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-    try:
-        import torch
-    except ImportError:
-        print(json.dumps({"error": "torch is not installed"}))
-        return 2
-    if not torch.cuda.is_available():
-        print(json.dumps({"error": "no CUDA device: run this on the GPU machine"}))
-        return 2
-
-    from argus_exporters import hooks
-    from argus_exporters.clock import CudaClock
-    from argus_exporters.config import Settings
-    from argus_exporters.identity import RankIdentity
-    from argus_exporters.kernels import KernelProbe
-    from argus_exporters.metrics import serve
-    from argus_exporters.stacks import StackProbe
-    from argus_exporters.tracer import Tracer
-
-    spool = tempfile.mkdtemp(prefix="argus-gpu-")
-    settings = Settings(enabled=True, sink=f"file://{spool}", kernels=True, stacks=True,
-                        stack_period_s=1.0, extra={"training_rank": True})
-    identity = RankIdentity("gpu-overhead", 0, 1, 0, "device", {"dp": 0, "tp": 0, "pp": 0,
-                                                                  "ep": 0})
-    tracer = Tracer(settings, identity, clock=CudaClock(torch))
-    kernels = KernelProbe(settings, identity, tracer.emit, tracer.health)
-    stacks = StackProbe(settings, identity, tracer.emit, tracer.health)
-    probes = {"kernels": kernels.start(), "stacks": stacks.start()}
-    server = serve(tracer.metrics, 9464, "127.0.0.1", tracer.health)
-    result: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                    "probes": probes, "pairs": args.pairs, "steps_per_segment": args.steps}
-    for kind in ("launch_heavy", "gemm_heavy"):
-        model, optimizer, x = build(torch, kind)
-        run_steps(torch, model, optimizer, x, 20)  # warm-up: allocator, cuBLAS, autotune
-        rows = {"all_on": [], "phases_only": []}
-        base_step = []
-        for _ in range(args.pairs):
-            for mode in rows:
-                off = run_steps(torch, model, optimizer, x, args.steps)
-                handles = hooks.instrument(model, optimizer, tracer)
-                if mode == "all_on" and probes["kernels"]:
-                    kernels.step_begin(0)
-                    tracer.probes = [_Steps(kernels)]
-                on = run_steps(torch, model, optimizer, x, args.steps)
-                for handle in handles:
-                    handle.remove()
-                tracer.probes = []
-                kernels.pause()
-                rows[mode].append((on - off) / off * 100)
-                base_step.append(off / args.steps * 1e3)
-        result[kind] = {"step_ms": float(np.median(base_step)),
-                        **{f"{mode}_overhead_pct": _spread(v) for mode, v in rows.items()}}
-        del model, optimizer, x
-        torch.cuda.empty_cache()
-    tracer.shutdown()
-    kernels.shutdown()
-    stacks.shutdown()
-    if server is not None:
-        server.shutdown()
-    result["exporter_cpu_s"] = tracer.health.cpu_seconds
-    result["dropped"] = dict(tracer.health.dropped)
-    result["records_shipped"] = tracer.health.records_shipped
-    report(result, args.json)
-    return 0
 
 
 class _Steps:
@@ -134,10 +95,155 @@ class _Steps:
         pass
 
 
+class Bench:
+    """The tracer and probes of one process, and the segments that switch them on and off."""
+
+    def __init__(self, torch, device: str, spool: str):
+        from argus_exporters.clock import CudaClock, HostClock
+        from argus_exporters.config import Settings
+        from argus_exporters.identity import RankIdentity
+        from argus_exporters.kernels import KernelProbe
+        from argus_exporters.metrics import serve
+        from argus_exporters.tracer import Tracer
+
+        self.torch = torch
+        self.sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        self.settings = Settings(enabled=True, sink=f"file://{spool}", kernels=True,
+                                 stacks=True, stack_period_s=1.0,
+                                 extra={"training_rank": True})
+        self.identity = RankIdentity("gpu-overhead", 0, 1, 0, "device",
+                                     {"dp": 0, "tp": 0, "pp": 0, "ep": 0})
+        clock = CudaClock(torch) if device == "cuda" else HostClock()
+        self.tracer = Tracer(self.settings, self.identity, clock=clock)
+        self.kernels = KernelProbe(self.settings, self.identity, self.tracer.emit,
+                                   self.tracer.health)
+        self.kernels_on = self.kernels.start()
+        self.server = serve(self.tracer.metrics, free_port(), "127.0.0.1", self.tracer.health)
+        self.stack_states: list[str] = []
+
+    def segment(self, mode: str, model, optimizer, x, steps: int) -> float:
+        """Seconds for one segment in ``mode`` (off, all_on, phases_only)."""
+        from argus_exporters import hooks
+        from argus_exporters.stacks import StackProbe
+
+        if mode == "off":
+            return run_steps(self.torch, model, optimizer, x, steps, self.sync)
+        handles = hooks.instrument(model, optimizer, self.tracer)
+        stacks = None
+        if mode == "all_on":
+            if self.kernels_on:
+                self.tracer.probes = [_Steps(self.kernels)]
+                self.kernels.step_begin(0)
+            stacks = StackProbe(self.settings, self.identity, self.tracer.emit,
+                                self.tracer.health)
+            if stacks.start():
+                self.tracer.probes.append(stacks)
+            self.stack_states.append(self.tracer.health.probes.get("stacks", ("?", ""))[0])
+        seconds = run_steps(self.torch, model, optimizer, x, steps, self.sync)
+        for handle in handles:
+            handle.remove()
+        self.tracer.probes = []
+        if stacks is not None:
+            stacks.shutdown()
+        self.kernels.pause()
+        self.kernels.drain()
+        self.tracer.force_flush()  # resolve this segment's steps before the next one
+        return seconds
+
+    def close(self) -> dict:
+        """Stop everything; the exporter's health."""
+        self.tracer.shutdown()
+        self.kernels.shutdown()
+        if self.server is not None:
+            self.server.shutdown()
+        health = self.tracer.health
+        stats = self.kernels.stats
+        return {"exporter_cpu_s": health.cpu_seconds, "dropped": dict(health.dropped),
+                "records_shipped": health.records_shipped,
+                "probes": {k: list(v) for k, v in health.probes.items()},
+                "stack_probe_states": sorted(set(self.stack_states)),
+                "kernel_records": stats.records, "kernel_buffers": stats.buffers,
+                "kernel_clock_offset_ns": stats.clock_offset_ns}
+
+
+def measure(bench: Bench, kind: str, args, device: str, budget: Deadline) -> dict:
+    """ABBA rounds of every mode on one workload, within ``budget``."""
+    torch = bench.torch
+    model, optimizer, x = build(torch, kind, device, args.dry_run)
+    run_steps(torch, model, optimizer, x, 3 if args.dry_run else 20, bench.sync)  # warm-up
+    rows: dict[str, list[float]] = {mode: [] for mode in MODES}
+    base_step, round_s = [], 0.0
+    for _ in range(args.rounds):
+        if rows[MODES[0]] and budget.remaining() < 1.2 * round_s:
+            break
+        t0 = time.monotonic()
+        for mode in MODES:
+            times = {"off": 0.0, "on": 0.0}
+            for segment in ("off", "on", "on", "off"):
+                times[segment] += bench.segment("off" if segment == "off" else mode, model,
+                                                optimizer, x, args.steps)
+            rows[mode].append((times["on"] - times["off"]) / times["off"] * 100)
+            base_step.append(times["off"] / (2 * args.steps) * 1e3)
+        round_s = time.monotonic() - t0
+    del model, optimizer, x
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    result = {"step_ms_off": float(np.median(base_step)), "rounds": len(rows[MODES[0]]),
+              **{f"{mode}_overhead_pct": _spread(v) for mode, v in rows.items()}}
+    target = TARGETS_PCT[kind]
+    result["all_on_meets_target"] = result["all_on_overhead_pct"]["median"] <= target
+    return result
+
+
 def _spread(values: list[float]) -> dict:
     return {"median": float(np.median(values)), "p25": float(np.percentile(values, 25)),
             "p75": float(np.percentile(values, 75)), "min": float(min(values)),
             "max": float(max(values))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure both workloads; print (and write) one JSON object."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=6, help="ABBA rounds per mode")
+    parser.add_argument("--steps", type=int, default=30, help="steps per segment")
+    parser.add_argument("--deadline-s", type=float, default=200.0)
+    parser.add_argument("--out", default=default_out("gpu_overhead.json"))
+    parser.add_argument("--json", action="store_true", help="(always JSON; kept for make)")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="CPU, tiny models, 1 round of 2 steps: check the orchestration")
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        args.rounds, args.steps = 1, 2
+    deadline = Deadline(args.deadline_s)
+    reason = None if args.dry_run else no_gpu_reason(need_cupti=False)
+    if reason:
+        return finish({"ok": False, "error": reason, "versions": versions()}, args.out, 2)
+    try:
+        import orjson  # noqa: F401
+    except ImportError:
+        return finish({"ok": False, "error": "orjson is not importable: carry its cp312 wheel "
+                       "(the file sink encodes records with it)", "versions": versions()},
+                      args.out, 2)
+    import torch
+
+    device = "cpu" if args.dry_run else "cuda"
+    result: dict = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                    "dry_run": args.dry_run, "versions": versions(),
+                    "argus_exporters": ARGUS_FROM, "rounds_asked": args.rounds,
+                    "steps_per_segment": args.steps}
+    spool = tempfile.mkdtemp(prefix="argus-gpu-")
+    bench = Bench(torch, device, spool)
+    kinds = ("launch_heavy", "gemm_heavy")
+    try:
+        for i, kind in enumerate(kinds):
+            share = deadline.remaining() / (len(kinds) - i)
+            result[kind] = measure(bench, kind, args, device, Deadline(share))
+            write_json({**result, "ok": False, "partial": True}, args.out)  # if killed later
+    finally:
+        result.update(bench.close())
+    result["deadline_left_s"] = round(deadline.remaining(), 1)
+    result["ok"] = all(result[k]["rounds"] > 0 for k in kinds)
+    return finish(result, args.out, 0 if result["ok"] else 1)
 
 
 if __name__ == "__main__":

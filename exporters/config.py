@@ -24,6 +24,8 @@ _DEFAULT_KERNEL_DUTY = 1  # trace 1 step in N
 _DEFAULT_KERNEL_BUFFER_BYTES = 8 << 20
 _DEFAULT_KERNEL_BUFFERS = 8
 _DEFAULT_KERNEL_FLUSH_S = 1.0
+_DEFAULT_KERNEL_CALLBACKS = "auto"  # torch's native CUPTI callbacks if torch has them, else shim
+_KERNEL_CALLBACKS = ("auto", "torch", "shim")
 _DEFAULT_STACK_PERIOD_S = 30.0
 _DEFAULT_STACK_SPIKE_RATIO = 2.0
 
@@ -57,6 +59,16 @@ def _number(env: dict, name: str, default: float, kind: type = float, minimum: f
     return value
 
 
+def _choice(env: dict, name: str, default: str, choices: tuple[str, ...]) -> str:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    value = raw.strip().lower()
+    if value not in choices:
+        raise ConfigError(f"{name}={raw!r}: expected one of {', '.join(choices)}")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """What the exporters do in this process."""
@@ -81,6 +93,7 @@ class Settings:
     kernel_buffer_bytes: int = _DEFAULT_KERNEL_BUFFER_BYTES
     kernel_buffers: int = _DEFAULT_KERNEL_BUFFERS
     kernel_flush_s: float = _DEFAULT_KERNEL_FLUSH_S
+    kernel_callbacks: str = _DEFAULT_KERNEL_CALLBACKS
     stack_period_s: float = _DEFAULT_STACK_PERIOD_S
     stack_spike_ratio: float = _DEFAULT_STACK_SPIKE_RATIO
     otel: bool = True  # phases as spans when the application has a tracer provider
@@ -118,6 +131,8 @@ class Settings:
                                        2)),
             kernel_flush_s=_number(env, "ARGUS_KERNEL_FLUSH_S", _DEFAULT_KERNEL_FLUSH_S, float,
                                    0.01),
+            kernel_callbacks=_choice(env, "ARGUS_KERNEL_CALLBACKS", _DEFAULT_KERNEL_CALLBACKS,
+                                     _KERNEL_CALLBACKS),
             stack_period_s=_number(env, "ARGUS_STACK_PERIOD_S", _DEFAULT_STACK_PERIOD_S, float,
                                    0.1),
             stack_spike_ratio=_number(env, "ARGUS_STACK_SPIKE_RATIO", _DEFAULT_STACK_SPIKE_RATIO,

@@ -26,6 +26,7 @@ class Health:
         self.cpu_seconds = 0.0  # exporter work on the training thread and its own threads
         self.steps = 0
         self.probes: dict[str, tuple[str, str]] = {}  # probe -> (state, reason)
+        self.gauges: dict[str, tuple[str, float]] = {}  # metric name -> (help, value)
 
     def drop(self, reason: str, n: int = 1) -> None:
         """Count ``n`` records dropped for ``reason`` (queue_full, sink_error, spool_full...)."""
@@ -56,6 +57,11 @@ class Health:
         """Add exporter CPU time (measured with thread/process CPU clocks)."""
         with self._lock:
             self.cpu_seconds += seconds
+
+    def set_gauge(self, name: str, help_text: str, value: float) -> None:
+        """Set a probe's own gauge (e.g. the CUPTI clock offset), exposed as ``name``."""
+        with self._lock:
+            self.gauges[name] = (help_text, float(value))
 
     def probe_state(self, probe: str, state: str, reason: str = "") -> None:
         """Record a probe's state (on, off, unavailable...); log once per change."""

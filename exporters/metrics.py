@@ -114,6 +114,10 @@ class StepMetrics:
             for extra_values, value in samples:
                 family.add_metric([*values, *extra_values], value)
             yield family
+        for name, (doc, value) in sorted(h.gauges.copy().items()):  # probes' own gauges
+            family = gauge(name, doc, labels=names)
+            family.add_metric(values, value)
+            yield family
 
 
 def _stats(series: np.ndarray) -> list[tuple[str, float]]:

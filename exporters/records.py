@@ -23,11 +23,18 @@ def rank_record(identity: RankIdentity) -> dict:
 
 
 def step_record(identity: RankIdentity, step: int, t_ns: int, wall_s: float, gpu_s: float,
-                phases: dict[str, float]) -> dict:
-    """One ``step`` record: host wall time, device time and per-phase device time."""
-    return {"v": 1, "kind": "step", "job": identity.job, "rank": identity.rank, "step": step,
-            "t_ns": t_ns, "wall_s": round(wall_s, 9), "gpu_s": round(gpu_s, 9),
-            "phases": {k: round(v, 9) for k, v in phases.items()}}
+                phases: dict[str, float], gpu_t_ns: int | None = None) -> dict:
+    """One ``step`` record: host wall time, device time and per-phase device time.
+
+    ``t_ns`` is host CLOCK_REALTIME at the step's start; ``gpu_t_ns`` (device marks only) is
+    when its work started on the device, on CUPTI's clock like kernels' ``start_ns``.
+    """
+    record = {"v": 1, "kind": "step", "job": identity.job, "rank": identity.rank, "step": step,
+              "t_ns": t_ns, "wall_s": round(wall_s, 9), "gpu_s": round(gpu_s, 9),
+              "phases": {k: round(v, 9) for k, v in phases.items()}}
+    if gpu_t_ns is not None:
+        record["gpu_t_ns"] = int(gpu_t_ns)
+    return record
 
 
 def kernels_record(identity: RankIdentity, names: list[str], name: np.ndarray,

@@ -283,7 +283,7 @@ class Tracer:
         gpu_s = max(seconds(step.first_mark, step.end_mark), 0.0)
         if self.settings.phases:
             self.emit(step_record(self.identity, step.index, step.t_ns, step.wall_s, gpu_s,
-                                  phases))
+                                  phases, self.clock.epoch_ns(step.first_mark)))
         self.metrics.observe(step.wall_s, gpu_s, phases)
         if spans:
             self.spans.emit(step.index, step.t_ns, step.wall_s, step.first_epoch_ns, offsets)
