@@ -1,0 +1,188 @@
+"""Recording rules: L1 (the job's iteration time), L2 (group medians and spreads per axis) and
+pipeline health, named ``level:metric:operations``.
+
+Only small results are recorded: per job, per axis group, per instance. Per-rank ratios and z
+scores are computed where they are used (the alert expressions and dashboards), after a
+comparison has already cut the 10,000-rank vectors down to the few ranks that stand out.
+
+What the rules compute is the core's statistics (argus_core.detect) where PromQL can express
+them, and the closest causal equivalent where it cannot:
+
+- L1 iteration time is the slowest rank's: ``max by (job)`` of each rank's mean step time
+  (counters) and of its rolling-window gauges (last ``exporter_window_steps`` steps).
+- L1 spike: the core compares a step with the *centred* rolling median of 9 steps; a causal
+  rule only sees the past, so a spike is the window's slowest step over the window's median,
+  and a level shift (a regression's first steps also look like "one slow step") is told apart
+  by the steps since the previous scrape still being slow. Warm-up steps are excluded the way
+  the core excludes them: a rank is judged once its window holds none of them.
+- L1 regression: the core finds change points over the whole series (binary segmentation);
+  the rules compare the median iteration time of a recent window with the one before it.
+- L2: a rank's phase time (the median of its last steps, as the core takes the median of the
+  steady steps) against its axis group: ``median`` over the group, MAD spread with the core's
+  2% floor, and a threshold ``max(min_ratio x median, median + z x scale)`` per group.
+  Differences from the core, by construction: the core divides by the median of the *other*
+  members (PromQL has no leave-one-out), which moves ratios near the threshold only; groups of
+  two are never flagged here (with the median of two the robust z cannot exceed 0.68), while
+  the core flags a pair member when its partner is seen waiting for it; and the core's
+  family-wise corrections are not applied. The scorer (``argus score``) runs the core's own
+  L2 on the same phase medians and exports what PromQL cannot: ``argus_verdict`` per rank and
+  ``argus_rank_wait_seconds`` (waiting measured from arrival skew).
+- Waiting inside a collective is never read as slowness: the compute comparison uses compute
+  phases only; a collective phase is judged per group by the group's *shortest* time (its last
+  arriver's), against the other groups of the axis, as the core does.
+"""
+
+from __future__ import annotations
+
+from argus_core.rules.config import RulesConfig, format_duration
+from argus_core.rules.promql import (
+    axis_phases,
+    compute_phases,
+    group_labels,
+    select,
+)
+from argus_core.stats.robust import MAD_TO_SIGMA
+
+STAT_MAX = 'stat="max"'
+STAT_MEDIAN = 'stat="median"'
+
+
+def recording_groups(config: RulesConfig) -> list[dict]:
+    """Every recording-rule group."""
+    return [l1_group(config), *(l2_group(config, axis) for axis in config.axes),
+            pipeline_group(config)]
+
+
+def _group(name: str, config: RulesConfig, rules: list[dict]) -> dict:
+    return {"name": name, "interval": format_duration(config.evaluation_interval),
+            "rules": rules}
+
+
+def _record(name: str, expr: str, **labels: str) -> dict:
+    rule = {"record": name, "expr": expr}
+    if labels:
+        rule["labels"] = labels
+    return rule
+
+
+def l1_group(config: RulesConfig) -> dict:
+    """The job's iteration time, its rolling baseline, spike and regression ratios."""
+    sel = config.selectors.exporters
+    rate = format_duration(config.rate_window)
+    steps, seconds = (select("argus_steps_total", sel),
+                      select("argus_step_seconds_total", sel))
+    gpu = select("argus_step_gpu_seconds_total", sel)
+    window = "argus_step_window_seconds"
+    host = format_duration(config.host_window)
+    return _group("argus.l1", config, [
+        _record("job:argus_iteration_seconds:max_rate",
+                f"max by (job) (rate({seconds}[{rate}]) / rate({steps}[{rate}]))"),
+        # The steps since the previous scrape (irate), or the rate window when no step ended
+        # in between: still slow means a level shift, not a spike.
+        _record("job:argus_iteration_seconds:latest",
+                f"max by (job) (irate({seconds}[{rate}]) / (irate({steps}[{rate}]) > 0))\n"
+                f"or job:argus_iteration_seconds:max_rate"),
+        _record("job:argus_step_window_seconds:max",
+                f"max by (job) ({select(window, STAT_MAX, sel)})"),
+        _record("job:argus_step_window_seconds:median",
+                f"max by (job) ({select(window, STAT_MEDIAN, sel)})"),
+        _record("job:argus_steps:min", f"min by (job) ({steps})"),
+        _record("job:argus_iteration_spike:ratio",
+                "job:argus_step_window_seconds:max / job:argus_step_window_seconds:median\n"
+                f"and on (job) job:argus_steps:min >= {config.judged_steps}"),
+        _record("job:argus_iteration_seconds:recent_median",
+                "quantile_over_time(0.5, job:argus_iteration_seconds:max_rate"
+                f"[{format_duration(config.regression_recent)}])"),
+        _record("job:argus_iteration_seconds:baseline_median",
+                "quantile_over_time(0.5, job:argus_iteration_seconds:max_rate"
+                f"[{format_duration(config.regression_baseline)}] offset "
+                f"{format_duration(config.regression_recent)})"),
+        _record("job:argus_iteration_regression:ratio",
+                "job:argus_iteration_seconds:recent_median\n"
+                "/ job:argus_iteration_seconds:baseline_median"),
+        # Host time (wall - GPU) each rank spent over the window; its job median is the
+        # reference ArgusHostStall compares one rank with.
+        _record("job:argus_host_seconds:median_increase",
+                f"quantile by (job) (0.5, increase({seconds}[{host}]) - increase({gpu}[{host}]))"),
+    ])
+
+
+def l2_group(config: RulesConfig, axis: str) -> dict:
+    """Per ``axis`` group: compute phases' median, MAD, scale and straggler threshold; per
+    collective of the axis: each group's shortest time and the spread across groups."""
+    sel = config.selectors.exporters
+    phases = select("argus_phase_window_seconds", STAT_MEDIAN, compute_phases(), sel)
+    comm = select("argus_phase_window_seconds", STAT_MEDIAN, axis_phases(axis), sel)
+    group = group_labels(axis, "phase")
+    labels = {"axis": axis}
+    rules = [
+        _record("axis_group:argus_phase_seconds:median",
+                f"quantile by ({group}) (0.5, {phases})", **labels),
+        _record("axis_group:argus_phase_seconds:mad",
+                f"quantile by ({group}) (0.5, abs(\n  {phases}\n"
+                f"  - on ({group}) group_left\n"
+                f'  axis_group:argus_phase_seconds:median{{axis="{axis}"}}\n))', **labels),
+        *_scale_and_threshold("axis_group:argus_phase_seconds", axis, config),
+        _record("axis_group:argus_collective_seconds:min",
+                f"min by ({group}) ({comm})", **labels),
+        _record("job_phase:argus_collective_group_min_seconds:median",
+                f'quantile by (job, phase) (0.5, axis_group:argus_collective_seconds:min'
+                f'{{axis="{axis}"}})', **labels),
+        _record("job_phase:argus_collective_group_min_seconds:mad",
+                "quantile by (job, phase) (0.5, abs(\n"
+                f'  axis_group:argus_collective_seconds:min{{axis="{axis}"}}\n'
+                "  - on (job, phase) group_left\n"
+                f'  job_phase:argus_collective_group_min_seconds:median{{axis="{axis}"}}\n))',
+                **labels),
+        *_scale_and_threshold("job_phase:argus_collective_group_min_seconds", axis, config),
+    ]
+    return _group(f"argus.l2.{axis}", config, rules)
+
+
+def _scale_and_threshold(prefix: str, axis: str, config: RulesConfig) -> list[dict]:
+    """``scale = max(1.4826 MAD, floor x median)``; ``threshold = max(min_ratio x median,
+    median + z x scale)``: a value above the threshold passes both of the core's tests."""
+    median = f'{prefix}:median{{axis="{axis}"}}'
+    mad = f'{prefix}:mad{{axis="{axis}"}}'
+    scale = f'{prefix}:scale{{axis="{axis}"}}'
+    floor = config.l2_scale_floor
+    return [
+        _record(f"{prefix}:scale",
+                f"({MAD_TO_SIGMA} * {mad} > {floor} * {median})\nor {floor} * {median}",
+                axis=axis),
+        _record(f"{prefix}:threshold",
+                f"({config.l2_min_ratio} * {median} > {median} + {config.l2_z} * {scale})\n"
+                f"or {median} + {config.l2_z} * {scale}", axis=axis),
+    ]
+
+
+def pipeline_group(config: RulesConfig) -> dict:
+    """Exporter drops and queues, processor intake and uploads, scorer freshness."""
+    sel = config.selectors
+    window = format_duration(max(config.rate_window, 4 * config.scrape_interval))
+    return _group("argus.pipeline", config, [
+        _record("job:argus_exporter_dropped_records:rate",
+                "sum by (job, reason) (rate("
+                f"{select('argus_exporter_dropped_records_total', sel.exporters)}[{window}]))"),
+        _record("job:argus_exporter_export_failures:rate",
+                "sum by (job) (rate("
+                f"{select('argus_exporter_export_failures_total', sel.exporters)}[{window}]))"),
+        _record("job:argus_exporter_queue_depth:max",
+                f"max by (job) ({select('argus_exporter_queue_depth', sel.exporters)})"),
+        _record("job:argus_exporter_targets_up:ratio",
+                f"avg by (job) ({select('up', sel.exporters_up)})"),
+        _record("instance:argus_processor_records:rate",
+                "sum by (instance) (rate("
+                f"{select('argus_processor_records_total', sel.processor)}[{window}]))"),
+        _record("instance:argus_processor_rejected_records:rate",
+                "sum by (instance, reason) (rate("
+                f"{select('argus_processor_rejected_records_total', sel.processor)}"
+                f"[{window}]))"),
+        _record("instance:argus_processor_upload_failures:rate",
+                "sum by (instance) (rate("
+                f"{select('argus_processor_upload_failures_total', sel.processor)}"
+                f"[{window}]))"),
+        _record("instance:argus_scorer_last_success:age_seconds",
+                "time() - max by (instance) ("
+                f"{select('argus_scorer_last_success_timestamp_seconds', sel.scorer)})"),
+    ])
