@@ -47,10 +47,7 @@ def l1_alerts(config: RulesConfig) -> list[dict]:
     gpu = select("argus_step_gpu_seconds_total", sel)
     return [
         _alert(config, "ArgusIterationSpike",
-               f"job:argus_iteration_spike:ratio >= {spike}\n"
-               "unless on (job)\n"
-               f"  job:argus_iteration_seconds:latest >= {spike} * "
-               "job:argus_step_window_seconds:median",
+               f"job:argus_iteration_spike:settled_ratio >= {spike}",
                config.for_spike, "warning", "L1",
                "A training job had an iteration-time spike.",
                "Job {{ $labels.job }}: its slowest step of the last "
@@ -73,7 +70,7 @@ def l1_alerts(config: RulesConfig) -> list[dict]:
                ">= on (job) group_left\n"
                f"  {config.attribution_share} * (job:argus_step_window_seconds:max"
                " - job:argus_step_window_seconds:median)\n"
-               f"and on (job) job:argus_iteration_spike:ratio >= {spike}",
+               f"and on (job) job:argus_iteration_spike:settled_ratio >= {spike}",
                config.for_host, "warning", "L1",
                "A rank stalled on the host and slowed its job.",
                "Rank {{ $labels.rank }} (host {{ $labels.host }}) of job {{ $labels.job }} "

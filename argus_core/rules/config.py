@@ -122,6 +122,13 @@ class RulesConfig:
         return dataclasses.replace(self, **changes)
 
     @property
+    def spike_guard(self) -> float:
+        """A spike is over once the steps since the previous scrape are back below this ratio
+        to the rolling median; a level shift keeps them above (halfway to ``spike_ratio``, so
+        a shift near ``spike_ratio`` cannot pass for a spike on jitter alone)."""
+        return (1 + self.spike_ratio) / 2
+
+    @property
     def judged_steps(self) -> int:
         """Steps a rank must have done before its rolling window holds no warm-up step."""
         return self.warmup_steps + self.exporter_window_steps

@@ -13,7 +13,8 @@ them, and the closest causal equivalent where it cannot:
 - L1 spike: the core compares a step with the *centred* rolling median of 9 steps; a causal
   rule only sees the past, so a spike is the window's slowest step over the window's median,
   and a level shift (a regression's first steps also look like "one slow step") is told apart
-  by the steps since the previous scrape still being slow. Warm-up steps are excluded the way
+  by the steps since the previous scrape still being slow (above ``spike_guard``, halfway to
+  the spike ratio): only the ``settled_ratio`` counts. Warm-up steps are excluded the way
   the core excludes them: a rank is judged once its window holds none of them.
 - L1 regression: the core finds change points over the whole series (binary segmentation);
   the rules compare the median iteration time of a recent window with the one before it.
@@ -90,6 +91,14 @@ def l1_group(config: RulesConfig) -> dict:
         _record("job:argus_iteration_spike:ratio",
                 "job:argus_step_window_seconds:max / job:argus_step_window_seconds:median\n"
                 f"and on (job) job:argus_steps:min >= {config.judged_steps}"),
+        # The spike ratio once the job is back to its pace: the steps since the previous scrape
+        # are below `spike_guard` x the rolling median. While a level shift is under way they
+        # stay above it, and its first slow steps are not reported as a spike.
+        _record("job:argus_iteration_spike:settled_ratio",
+                "job:argus_iteration_spike:ratio\n"
+                "unless on (job)\n"
+                f"  job:argus_iteration_seconds:latest >= {config.spike_guard:g} * "
+                "job:argus_step_window_seconds:median"),
         _record("job:argus_iteration_seconds:recent_median",
                 "quantile_over_time(0.5, job:argus_iteration_seconds:max_rate"
                 f"[{format_duration(config.regression_recent)}])"),

@@ -195,7 +195,7 @@ def l1_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
     steps = _Steps(config, samples)
     # A spike big enough that the interval holding it is slow on average, as a level shift's
     # first interval is: the alert must wait until the steps after it are back to normal.
-    spike_s = ((config.spike_ratio - 1) * steps.per + 2) * steps.step_s
+    spike_s = ((config.spike_ratio - 1) * steps.per + 2.2) * steps.step_s
     series = steps.series(rank_labels(config, "spiky", 0), stall={stall_at: spike_s})
     series += steps.series(rank_labels(config, "spiky", 1, dp=1), stall={stall_at: spike_s})
     series += steps.series(rank_labels(config, "shifted", 0), slow_from=stall_at, factor=4.0)
@@ -220,8 +220,8 @@ def l1_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
                                stall={stall_at: spike_s}, stalled=rank == 2)
     tests.append(_test(config, "ArgusHostStall: the rank whose GPU idled during the spike",
                        series, alerts=[
-                           _check(config, stall_at - 1, "ArgusHostStall", []),
-                           _check(config, stall_at, "ArgusHostStall", [_expect(
+                           _check(config, stall_at, "ArgusHostStall", []),
+                           _check(config, stall_at + 1, "ArgusHostStall", [_expect(
                                _alert_labels(config, rule, **rank_labels(config, "stall", 2, dp=2)),
                                _annotations(rule, **{
                                    "$labels.rank": "2", "$labels.host": "node-0",
