@@ -1,0 +1,160 @@
+"""What the scorer reads from Prometheus for one job, rebuilt as the core's tables.
+
+- Kernel summaries (the processors' ``argus_kernel_executions`` and
+  ``argus_kernel_duration_seconds{quantile="0.5"|"0.99"}``, one row per cluster) become a
+  ``KernelSummary``: the same table ``argus diagnose`` scores.
+- Each rank's coordinates come from ``argus_rank_info`` (the processors' info metric).
+- Each rank's phase medians (the exporters' ``argus_phase_window_seconds{stat="median"}``)
+  become a one-step ``StepMatrix`` for the core's L2 (stragglers, pairs, late arrivers), and
+  its mean phase times per step (``argus_phase_seconds_total`` over ``argus_steps_total``) one
+  for its waiting: a collective kernel's W1 excess is a mean, so the waiting that excuses it
+  must be one too.
+- Each rank's steps per second, to turn a window's kernel time into time per step.
+
+Label columns are pulled out of the JSON answer once per query and joined with numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from argus_core.schema import AXES
+from argus_core.score.prometheus import PrometheusAPI, quote_label
+from argus_core.stats.grouping import dense_ids
+from argus_core.summaries import KernelSummary
+
+
+@dataclass
+class PhaseTable:
+    """Per rank (sorted), the median time of each phase over its recent steps."""
+
+    ranks: np.ndarray
+    names: list[str]
+    values: np.ndarray  # ranks x phases, NaN = not reported
+    coords: np.ndarray  # ranks x 4 (AXES order)
+
+
+@dataclass
+class JobSnapshot:
+    """One job as Prometheus holds it right now."""
+
+    job: str
+    summary: KernelSummary
+    coords: dict[int, tuple[int, ...]] = field(default_factory=dict)  # rank -> AXES coords
+    phases: PhaseTable | None = None  # medians over each rank's last steps
+    phase_means: PhaseTable | None = None  # means per step over the rate window
+    steps_per_s: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def known_ranks(self) -> set[int]:
+        """Ranks that announced themselves to a processor."""
+        return set(self.coords)
+
+
+def label_columns(result: list[dict], names: tuple[str, ...]) -> tuple[list[list[str]],
+                                                                        np.ndarray]:
+    """The given labels of every series (one list per label) and the float values."""
+    metrics = [r["metric"] for r in result]
+    columns = [[m.get(name, "") for m in metrics] for name in names]
+    values = np.array([r["value"][1] for r in result], dtype=np.float64) if result else \
+        np.zeros(0)
+    return columns, values
+
+
+def _ints(texts: list[str]) -> np.ndarray:
+    return np.array(texts, dtype=np.int64) if texts else np.zeros(0, dtype=np.int64)
+
+
+def kernel_summary(executions: list[dict], durations: list[dict],
+                   window_ns: int) -> KernelSummary:
+    """Join executions, p50 and p99 per (rank, kernel, stream, cluster) into a summary table.
+
+    A cluster missing any of the three (scraped mid-update, or dropped by a relabel) is left
+    out rather than guessed.
+    """
+    keys = ("rank", "kernel", "stream", "cluster")
+    (e_rank, e_kernel, e_stream, e_cluster), counts = label_columns(executions, keys)
+    (d_rank, d_kernel, d_stream, d_cluster, quantile), seconds = label_columns(
+        durations, (*keys, "quantile"))
+    names: dict[str, int] = {}
+    kernel = np.array([names.setdefault(k, len(names)) for k in e_kernel + d_kernel],
+                      dtype=np.int64)
+    rank = _ints(e_rank + d_rank)
+    stream = _ints(e_stream + d_stream)
+    cluster = _ints(e_cluster + d_cluster)
+    n_exec = len(e_rank)
+    group, (g_rank, g_kernel, g_stream, g_cluster) = dense_ids(rank, kernel, stream, cluster)
+    n = len(g_rank)
+    count = np.full(n, np.nan)
+    p50 = np.full(n, np.nan)
+    p99 = np.full(n, np.nan)
+    count[group[:n_exec]] = counts
+    q = np.array(quantile)
+    d_group = group[n_exec:]
+    p50[d_group[q == "0.5"]] = seconds[q == "0.5"] * 1e9
+    p99[d_group[q == "0.99"]] = seconds[q == "0.99"] * 1e9
+    with np.errstate(invalid="ignore"):
+        ok = (count > 0) & (p50 > 0) & (p99 >= p50)
+    count = count[ok].astype(np.int64)
+    table = sorted(names, key=names.get)
+    return KernelSummary(rank=g_rank[ok], kernel=g_kernel[ok], stream=g_stream[ok],
+                         window=np.zeros(int(ok.sum()), dtype=np.int64),
+                         cluster=g_cluster[ok], count=count, sum_ns=count * p50[ok],
+                         p50_ns=p50[ok], p99_ns=p99[ok], names=table, window_ns=window_ns)
+
+
+def rank_coords(info: list[dict]) -> dict[int, tuple[int, ...]]:
+    """rank -> coordinates from ``argus_rank_info`` series."""
+    (rank, *axes), _ = label_columns(info, ("rank", *AXES))
+    out = {}
+    for i, r in enumerate(rank):
+        try:
+            out[int(r)] = tuple(int(column[i] or 0) for column in axes)
+        except ValueError:
+            continue  # a rank or coordinate that is not a number: not ours to guess
+    return out
+
+
+def phase_table(series: list[dict]) -> PhaseTable | None:
+    """The ranks x phases matrix of phase medians (and each rank's coordinates)."""
+    if not series:
+        return None
+    (rank_text, phase, *axes), values = label_columns(series, ("rank", "phase", *AXES))
+    rank = _ints(rank_text)
+    ranks, r_idx = np.unique(rank, return_inverse=True)
+    names, p_idx = np.unique(np.array(phase), return_inverse=True)
+    table = np.full((len(ranks), len(names)), np.nan)
+    table[r_idx, p_idx] = values
+    coords = np.zeros((len(ranks), len(AXES)), dtype=np.int64)
+    coords[r_idx] = np.column_stack([_ints([c or "0" for c in column]) for column in axes])
+    return PhaseTable(ranks, [str(n) for n in names], table, coords)
+
+
+def fetch_job(api: PrometheusAPI, job: str, selector: str, window_s: float,
+              rate_window: str) -> JobSnapshot:
+    """Query everything the scorer needs about ``job``; raises QueryError."""
+    match = f"job={quote_label(job)}" + (f",{selector}" if selector else "")
+    executions = api.query(f"argus_kernel_executions{{{match}}}")
+    durations = api.query(f"argus_kernel_duration_seconds{{{match}}}")
+    info = api.query(f"argus_rank_info{{{match}}}")
+    phases = api.query(f'argus_phase_window_seconds{{{match},stat="median"}}')
+    means = api.query(f"increase(argus_phase_seconds_total{{{match}}}[{rate_window}])\n"
+                      "/ on (job, rank) group_left\n"
+                      f"sum by (job, rank) (increase(argus_steps_total{{{match}}}"
+                      f"[{rate_window}]))")
+    steps = api.query(f"sum by (rank) (rate(argus_steps_total{{{match}}}[{rate_window}]))")
+    (step_rank,), step_rate = label_columns(steps, ("rank",))
+    return JobSnapshot(
+        job=job, summary=kernel_summary(executions, durations, int(window_s * 1e9)),
+        coords=rank_coords(info), phases=phase_table(phases), phase_means=phase_table(means),
+        steps_per_s={int(r): float(v) for r, v in zip(step_rank, step_rate, strict=True)
+                     if r.isdigit()})
+
+
+def list_jobs(api: PrometheusAPI, selector: str) -> list[str]:
+    """Jobs that have kernel summaries in Prometheus."""
+    inner = f"{{{selector}}}" if selector else ""
+    result = api.query(f"group by (job) (argus_kernel_executions{inner})")
+    return sorted(r["metric"].get("job", "") for r in result if r["metric"].get("job"))
