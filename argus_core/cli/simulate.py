@@ -108,9 +108,12 @@ def run_live(args: argparse.Namespace, config) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: job.stop())
-    print(f"live job {config.job!r} ({config.topology}, faults: "
-          f"{', '.join(map(str, config.faults)) or 'none'}), a healthy step every "
-          f"{args.step_seconds:g} s; records to {args.processor or 'nowhere'}", flush=True)
+    job.start_clock()
+    print(f"live job {config.job!r} ({config.topology}) started at {job.started_ns * 1e-9:.3f}, "
+          f"a healthy step every {args.step_seconds:g} s; records to "
+          f"{args.processor or 'nowhere'}", flush=True)
+    for fault, step, at in job.onsets():
+        print(f"fault {fault} begins at step {step}, at about {at:.3f}", flush=True)
     steps = job.run()
     print(f"live job {config.job!r} stopped after {steps} steps", flush=True)
     return 0

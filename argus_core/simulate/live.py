@@ -98,8 +98,12 @@ class LiveJob:
         self.ranks: dict[int, _Rank] = {}
         self.servers: dict[str, tuple] = {}  # host -> (server, port)
         self.steps_done = 0
-        self.started_ns = 0
+        self.started_ns = 0  # set by start() or run()
         self._stop = threading.Event()
+
+    def start_clock(self) -> None:
+        """Fix time zero now (``run`` starts from it), so ``onsets`` can be announced first."""
+        self.started_ns = time.time_ns()
 
     # -- time --------------------------------------------------------------------------------
     def real_ns(self, sim_ns):
@@ -150,9 +154,20 @@ class LiveJob:
         os.replace(tmp, path)  # Prometheus never reads a half-written file
 
     # -- running -----------------------------------------------------------------------------
+    def onsets(self) -> list[tuple[str, int, float]]:
+        """(fault, first step, about when in unix seconds) of every fault, assuming the steps
+        before it are healthy: when to expect its alerts."""
+        step_s = self.config.step_seconds
+        start = (self.started_ns or time.time_ns()) * 1e-9
+        out = []
+        for fault in self.config.sim.faults:
+            first = min(fault.steps) if fault.steps else fault.start
+            out.append((str(fault), first, start + first * step_s))
+        return out
+
     def run(self) -> int:
         """Run the job; returns the number of steps done."""
-        self.started_ns = time.time_ns()
+        self.started_ns = self.started_ns or time.time_ns()
         step_records: list[tuple[int, dict]] = []
         current = None
         try:

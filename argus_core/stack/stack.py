@@ -196,13 +196,16 @@ def up(config: StackConfig) -> Stack:
                         "--web.enable-lifecycle"], url["prometheus"] + "/-/ready"),
     }
     try:
+        # Every component only needs the others' addresses, known already: start them all,
+        # then wait for each (the processor spools uploads until the bucket exists).
         for name in COMPONENTS:
             argv, ready = commands[name]
             stack.info["ready"][name] = ready
             stack._add(start(name, argv, logs, env=stack.info["env"].get(name), url=url[name]),
-                       ready)
-            if name == "s3":
-                _create_bucket(url["s3"], s3_env)
+                       None)
+        for process in stack.processes:
+            wait_ready(process, stack.info["ready"][process.name], timeout=120)
+        _create_bucket(url["s3"], s3_env)
         for job, argv in jobs:
             targets = files["targets"] / f"{job}.json"
             argv += ["--processor", f"{url['processor']}/v1/records", "--targets",
