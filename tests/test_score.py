@@ -24,6 +24,7 @@ from argus_core.summaries import summary_families
 RANKS = 16
 SLOW_RANK = 5
 SILENT_RANK = 99  # announced to a processor, never summarised
+ANONYMOUS = ("llm-b", 15)  # summarised, never announced: scored with peer set 0, as the core
 
 
 class Cluster:
@@ -46,8 +47,11 @@ class Cluster:
         elapsed = time.time() - self.started
         for job in self.summaries:
             for rank in [*range(RANKS), *([SILENT_RANK] if job == "llm-a" else [])]:
-                ident = [job, str(rank), f"node-{rank // 8}", str(rank), "0", "0", "0"]
-                info.add_metric(ident, 1)
+                # Two pipeline stages of 8: the scorer fetches and scores them one at a time.
+                ident = [job, str(rank), f"node-{rank // 8}", str(rank % 8), "0",
+                         str(rank // 8 if rank < RANKS else 0), "0"]
+                if (job, rank) != ANONYMOUS:
+                    info.add_metric(ident, 1)
                 if rank == SILENT_RANK:
                     continue
                 mlp = 0.06 if (job, rank) == ("llm-a", SLOW_RANK) else 0.03

@@ -98,7 +98,7 @@ class Scorer:
         for job in jobs or ():
             try:
                 snapshot = fetch_job(self.api, job, self.config.selector, self.config.window_s,
-                                     self.config.rate_window)
+                                     self.config.rate_window, self.config.peer_axis)
             except QueryError as exc:
                 logger.warning("argus score: job %r left out this round: %s", job, exc)
                 jobs_failed += 1
