@@ -104,7 +104,8 @@ class RulesConfig:
     for_host: float = _duration("ArgusHostStall (a stall is brief by nature)", 0)
     for_exporter_down: float = _duration("ArgusExporterDown", 300)
     for_component_down: float = _duration("ArgusProcessorDown and ArgusScorerStale", 120)
-    for_pipeline: float = _duration("drops, rejections, upload failures, a stale scorer", 600)
+    for_pipeline: float = _duration("exporter drops, processor rejections and upload failures",
+                                    600)
 
     # -- Alertmanager example -----------------------------------------------------------------
     group_wait: float = _duration("Alertmanager group_wait", 30)
