@@ -222,17 +222,22 @@ def api_answers(summary) -> tuple[bytes, bytes]:
     ts = f"{time.time():.3f}"
     names = [json.dumps(n) for n in summary.names]
     executions, durations = [], []
-    rows = zip(summary.rank.tolist(), summary.kernel.tolist(), summary.stream.tolist(),
-               summary.cluster.tolist(), summary.count.tolist(), summary.p50_ns.tolist(),
-               summary.p99_ns.tolist(), strict=True)
+    rows = sorted(zip(summary.rank.tolist(), summary.kernel.tolist(), summary.stream.tolist(),
+                      summary.cluster.tolist(), summary.count.tolist(),
+                      summary.p50_ns.tolist(), summary.p99_ns.tolist(), strict=True),
+                  key=lambda r: (str(r[3]), summary.names[r[1]], str(r[0]), str(r[2])))
+    # Prometheus's order: by label values, labels by name (cluster, instance, job, kernel,
+    # [quantile,] rank, stream); the quantiles form two runs.
     for rank, kernel, stream, cluster, count, p50, p99 in rows:
         labels = (f'"job":"bench","rank":"{rank}","kernel":{names[kernel]},'
                   f'"stream":"{stream}","cluster":"{cluster}","instance":"node:9700"')
         executions.append(f'{{"metric":{{"__name__":"argus_kernel_executions",{labels}}},'
                           f'"value":[{ts},"{count}"]}}')
         for q, v in (("0.5", p50), ("0.99", p99)):
-            durations.append(f'{{"metric":{{"__name__":"argus_kernel_duration_seconds",'
-                             f'{labels},"quantile":"{q}"}},"value":[{ts},"{v * 1e-9!r}"]}}')
+            durations.append((q, f'{{"metric":{{"__name__":"argus_kernel_duration_seconds",'
+                                 f'{labels},"quantile":"{q}"}},"value":[{ts},"{v * 1e-9!r}"]}}'))
+    durations = [text for q, text in durations if q == "0.5"] + \
+        [text for q, text in durations if q == "0.99"]
 
     def answer(rows: list[str]) -> bytes:
         return ('{"status":"success","data":{"resultType":"vector","result":['
@@ -280,16 +285,19 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=10_000)
     parser.add_argument("--targets", type=int, default=10)
     parser.add_argument("--minutes", type=float, default=5.0)
-    parser.add_argument("--kernels", type=int, default=100)
+    parser.add_argument("--kernels", type=int, default=100,
+                        help="kernels per rank for the scorer's compute (0: skip it)")
     parser.add_argument("--query-kernels", type=int, default=4)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop Prometheus on the way out
     if shutil.which("prometheus") is None:
         sys.exit("prometheus is not installed (apt-get install prometheus)")
 
     result: dict = {"ranks": args.ranks, "phases": len(PHASES)}
-    result.update(scorer_compute(args.ranks, args.kernels))
-    result["kernels"] = args.kernels
+    if args.kernels:
+        result.update(scorer_compute(args.ranks, args.kernels))
+        result["kernels"] = args.kernels
 
     rules = RulesConfig()
     cluster = SyntheticCluster(args.ranks, args.targets,
@@ -304,11 +312,15 @@ def main() -> None:
         "global": {"scrape_interval": "15s", "evaluation_interval": "15s",
                    "scrape_timeout": "14s"},
         "rule_files": [str(workdir / "rules.yml"), str(workdir / "alerts.yml")],
-        # One scrape job per target (a slice of the ranks on its own path).
-        "scrape_configs": [{"job_name": f"argus-exporters-{t}", "honor_labels": True,
-                            "metrics_path": f"/t/{t}",
-                            "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
-                           for t in range(args.targets)]}))
+        # One scrape job per target (a slice of the ranks on its own path), and Prometheus
+        # itself, whose metrics say how long each rule group took.
+        "scrape_configs": [
+            *({"job_name": f"argus-exporters-{t}", "honor_labels": True,
+               "metrics_path": f"/t/{t}",
+               "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+              for t in range(args.targets)),
+            {"job_name": "prometheus", "scrape_interval": "5s",
+             "static_configs": [{"targets": [f"127.0.0.1:{prom_port}"]}]}]}))
     with open(workdir / "log", "w") as log:
         prom = subprocess.Popen(["prometheus", f"--config.file={workdir / 'prometheus.yml'}",
                                  f"--storage.tsdb.path={workdir / 'data'}",

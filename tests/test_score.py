@@ -195,3 +195,33 @@ def test_cli_refuses_bad_arguments(argv, message, capsys):
             args += [key, value]
     assert main([*args, *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_summaries_join_in_any_order(prometheus):
+    """Prometheus returns series sorted by labels and the scorer aligns the three queries by
+    position; shuffled answers (another store, a proxy) take the join by labels instead and
+    give the same table."""
+    from argus_core.score.snapshot import kernel_summary
+
+    executions = prometheus.query('argus_kernel_executions{job="llm-a"}')
+    durations = prometheus.query('argus_kernel_duration_seconds{job="llm-a"}')
+    sorted_table = kernel_summary(executions, durations, 60_000_000_000)
+    key = ("rank", "kernel", "stream", "cluster")
+    order = [tuple(r["metric"][k] for k in key) for r in executions]
+    p50 = [tuple(r["metric"][k] for k in key) for r in durations
+           if r["metric"]["quantile"] == "0.5"]
+    assert p50 == order  # the real Prometheus takes the positional path
+    rng = np.random.default_rng(0)
+    shuffled = kernel_summary([executions[i] for i in rng.permutation(len(executions))],
+                              [durations[i] for i in rng.permutation(len(durations))],
+                              60_000_000_000)
+    assert len(sorted_table) == len(shuffled) == RANKS * 4 * 2
+
+    def rows(table):
+        return sorted(zip(table.rank.tolist(), [table.names[k] for k in table.kernel],
+                          table.stream.tolist(), table.cluster.tolist(), table.count.tolist(),
+                          table.p50_ns.tolist(), table.p99_ns.tolist(), strict=True))
+
+    assert rows(sorted_table) == rows(shuffled)
+    missing = kernel_summary(executions[1:], durations, 60_000_000_000)
+    assert len(missing) == len(sorted_table) - 1  # no count, no row: nothing guessed

@@ -21,13 +21,14 @@ FAIL_SLOW = (*L1_SYMPTOMS, *RANK_CAUSES)
 
 def alert_groups(config: RulesConfig) -> list[dict]:
     """Every alerting-rule group."""
-    interval = format_duration(config.evaluation_interval)
-    return [{"name": name, "interval": interval, "rules": rules} for name, rules in (
-        ("argus.alerts.l1", l1_alerts(config)),
-        ("argus.alerts.l2", l2_alerts(config)),
-        ("argus.alerts.l3", l3_alerts(config)),
-        ("argus.alerts.pipeline", pipeline_alerts(config)),
-    )]
+    fast, slow = config.evaluation_interval, config.slow_interval
+    return [{"name": name, "interval": format_duration(interval), "rules": rules}
+            for name, interval, rules in (
+                ("argus.alerts.l1", fast, l1_alerts(config)),
+                ("argus.alerts.l2", slow, l2_alerts(config)),  # reads the L2 groups' records
+                ("argus.alerts.l3", fast, l3_alerts(config)),
+                ("argus.alerts.pipeline", fast, pipeline_alerts(config)),
+            )]
 
 
 def _alert(config: RulesConfig, name: str, expr: str, for_s: float, severity: str,

@@ -50,13 +50,12 @@ STAT_MEDIAN = 'stat="median"'
 
 def recording_groups(config: RulesConfig) -> list[dict]:
     """Every recording-rule group."""
-    return [l1_group(config), *(l2_group(config, axis) for axis in config.axes),
-            pipeline_group(config)]
+    return [l1_group(config), l1_trend_group(config),
+            *(l2_group(config, axis) for axis in config.axes), pipeline_group(config)]
 
 
-def _group(name: str, config: RulesConfig, rules: list[dict]) -> dict:
-    return {"name": name, "interval": format_duration(config.evaluation_interval),
-            "rules": rules}
+def _group(name: str, interval: float, rules: list[dict]) -> dict:
+    return {"name": name, "interval": format_duration(interval), "rules": rules}
 
 
 def _record(name: str, expr: str, **labels: str) -> dict:
@@ -66,8 +65,16 @@ def _record(name: str, expr: str, **labels: str) -> dict:
     return rule
 
 
+def _max(by: str, *parts: tuple[str, str]) -> str:
+    """Element-wise maximum of vectors with the same labels, each evaluated once: tag each with
+    its own ``part`` label, take their union, and ``max by`` the shared labels."""
+    tagged = [f'label_replace({expr}, "part", "{tag}", "", "")' for tag, expr in parts]
+    return f"max by ({by}) (\n  " + "\nor\n  ".join(tagged) + "\n)"
+
+
 def l1_group(config: RulesConfig) -> dict:
-    """The job's iteration time, its rolling baseline, spike and regression ratios."""
+    """Every evaluation: the rolling windows' slowest step and median, the spike ratios, the
+    steps since the previous scrape, and the host time ArgusHostStall compares ranks on."""
     sel = config.selectors.exporters
     rate = format_duration(config.rate_window)
     steps, seconds = (select("argus_steps_total", sel),
@@ -75,10 +82,8 @@ def l1_group(config: RulesConfig) -> dict:
     gpu = select("argus_step_gpu_seconds_total", sel)
     window = "argus_step_window_seconds"
     host = format_duration(config.host_window)
-    return _group("argus.l1", config, [
-        _record("job:argus_iteration_seconds:max_rate",
-                f"max by (job) (rate({seconds}[{rate}]) / rate({steps}[{rate}]))"),
-        # The steps since the previous scrape (irate), or the rate window when no step ended
+    return _group("argus.l1", config.evaluation_interval, [
+        # The steps since the previous scrape (irate), or the rate window's when no step ended
         # in between: still slow means a level shift, not a spike.
         _record("job:argus_iteration_seconds:latest",
                 f"max by (job) (irate({seconds}[{rate}]) / (irate({steps}[{rate}]) > 0))\n"
@@ -99,6 +104,23 @@ def l1_group(config: RulesConfig) -> dict:
                 "unless on (job)\n"
                 f"  job:argus_iteration_seconds:latest >= {config.spike_guard:g} * "
                 "job:argus_step_window_seconds:median"),
+        # Host time (wall - GPU) each rank spent over the window; its job median is the
+        # reference ArgusHostStall compares one rank with.
+        _record("job:argus_host_seconds:median_increase",
+                f"quantile by (job) (0.5, increase({seconds}[{host}]) - increase({gpu}[{host}]))"),
+    ])
+
+
+def l1_trend_group(config: RulesConfig) -> dict:
+    """Every ``slow_interval``: the job's mean iteration time from the counters and the
+    regression ratio of its medians over minutes (a finer refresh would change nothing)."""
+    sel = config.selectors.exporters
+    rate = format_duration(config.rate_window)
+    steps, seconds = (select("argus_steps_total", sel),
+                      select("argus_step_seconds_total", sel))
+    return _group("argus.l1.trend", config.slow_interval, [
+        _record("job:argus_iteration_seconds:max_rate",
+                f"max by (job) (rate({seconds}[{rate}]) / rate({steps}[{rate}]))"),
         _record("job:argus_iteration_seconds:recent_median",
                 "quantile_over_time(0.5, job:argus_iteration_seconds:max_rate"
                 f"[{format_duration(config.regression_recent)}])"),
@@ -109,67 +131,60 @@ def l1_group(config: RulesConfig) -> dict:
         _record("job:argus_iteration_regression:ratio",
                 "job:argus_iteration_seconds:recent_median\n"
                 "/ job:argus_iteration_seconds:baseline_median"),
-        # Host time (wall - GPU) each rank spent over the window; its job median is the
-        # reference ArgusHostStall compares one rank with.
-        _record("job:argus_host_seconds:median_increase",
-                f"quantile by (job) (0.5, increase({seconds}[{host}]) - increase({gpu}[{host}]))"),
     ])
 
 
 def l2_group(config: RulesConfig, axis: str) -> dict:
-    """Per ``axis`` group: compute phases' median, MAD, scale and straggler threshold; per
-    collective of the axis: each group's shortest time and the spread across groups."""
+    """Per ``axis`` group, every ``slow_interval`` (the phase medians cover the last 32 steps):
+    the compute phases' median, robust spread and straggler threshold; per collective of the
+    axis, each group's shortest time and its median, spread and threshold across groups.
+
+    Cost: two passes over every rank's compute phases (median, then the spread around it) and
+    small reads of the group series; the alert adds one pass."""
     sel = config.selectors.exporters
     phases = select("argus_phase_window_seconds", STAT_MEDIAN, compute_phases(), sel)
     comm = select("argus_phase_window_seconds", STAT_MEDIAN, axis_phases(axis), sel)
     group = group_labels(axis, "phase")
-    labels = {"axis": axis}
+    on_axis = f'{{axis="{axis}"}}'
     rules = [
         _record("axis_group:argus_phase_seconds:median",
-                f"quantile by ({group}) (0.5, {phases})", **labels),
-        _record("axis_group:argus_phase_seconds:mad",
-                f"quantile by ({group}) (0.5, abs(\n  {phases}\n"
-                f"  - on ({group}) group_left\n"
-                f'  axis_group:argus_phase_seconds:median{{axis="{axis}"}}\n))', **labels),
-        *_scale_and_threshold("axis_group:argus_phase_seconds", axis, config),
+                f"quantile by ({group}) (0.5, {phases})", axis=axis),
+        *_spread_and_threshold("axis_group:argus_phase_seconds", group, phases, on_axis, axis,
+                               config),
         _record("axis_group:argus_collective_seconds:min",
-                f"min by ({group}) ({comm})", **labels),
+                f"min by ({group}) ({comm})", axis=axis),
         _record("job_phase:argus_collective_group_min_seconds:median",
-                f'quantile by (job, phase) (0.5, axis_group:argus_collective_seconds:min'
-                f'{{axis="{axis}"}})', **labels),
-        _record("job_phase:argus_collective_group_min_seconds:mad",
-                "quantile by (job, phase) (0.5, abs(\n"
-                f'  axis_group:argus_collective_seconds:min{{axis="{axis}"}}\n'
-                "  - on (job, phase) group_left\n"
-                f'  job_phase:argus_collective_group_min_seconds:median{{axis="{axis}"}}\n))',
-                **labels),
-        *_scale_and_threshold("job_phase:argus_collective_group_min_seconds", axis, config),
+                f"quantile by (job, phase) (0.5, axis_group:argus_collective_seconds:min"
+                f"{on_axis})", axis=axis),
+        *_spread_and_threshold("job_phase:argus_collective_group_min_seconds", "job, phase",
+                               f"axis_group:argus_collective_seconds:min{on_axis}", on_axis,
+                               axis, config),
     ]
-    return _group(f"argus.l2.{axis}", config, rules)
+    return _group(f"argus.l2.{axis}", config.slow_interval, rules)
 
 
-def _scale_and_threshold(prefix: str, axis: str, config: RulesConfig) -> list[dict]:
-    """``scale = max(1.4826 MAD, floor x median)``; ``threshold = max(min_ratio x median,
-    median + z x scale)``: a value above the threshold passes both of the core's tests."""
-    median = f'{prefix}:median{{axis="{axis}"}}'
-    mad = f'{prefix}:mad{{axis="{axis}"}}'
-    scale = f'{prefix}:scale{{axis="{axis}"}}'
-    floor = config.l2_scale_floor
-    return [
-        _record(f"{prefix}:scale",
-                f"({MAD_TO_SIGMA} * {mad} > {floor} * {median})\nor {floor} * {median}",
-                axis=axis),
-        _record(f"{prefix}:threshold",
-                f"({config.l2_min_ratio} * {median} > {median} + {config.l2_z} * {scale})\n"
-                f"or {median} + {config.l2_z} * {scale}", axis=axis),
-    ]
+def _spread_and_threshold(prefix: str, by: str, values: str, on_axis: str, axis: str,
+                          config: RulesConfig) -> list[dict]:
+    """``scale = max(1.4826 MAD, floor x median)`` (the core's robust spread, never below 2%
+    of the median) and ``threshold = median + max((min_ratio - 1) x median, z x scale)``: a
+    value above the threshold passes both of the core's tests, ratio and robust z."""
+    median = f"{prefix}:median{on_axis}"
+    scale = f"{prefix}:scale{on_axis}"
+    mad = (f"quantile by ({by}) (0.5, abs(\n    {values}\n    - on ({by}) group_left\n"
+           f"    {median}\n  ))")
+    spread = _max(by, ("mad", f"{MAD_TO_SIGMA} * {mad}"),
+                  ("floor", f"{config.l2_scale_floor} * {median}"))
+    margin = _max(by, ("ratio", f"{config.l2_min_ratio - 1:g} * {median}"),
+                  ("z", f"{config.l2_z} * {scale}"))
+    return [_record(f"{prefix}:scale", spread, axis=axis),
+            _record(f"{prefix}:threshold", f"{median}\n+ on ({by})\n{margin}", axis=axis)]
 
 
 def pipeline_group(config: RulesConfig) -> dict:
     """Exporter drops and queues, processor intake and uploads, scorer freshness."""
     sel = config.selectors
     window = format_duration(max(config.rate_window, 4 * config.scrape_interval))
-    return _group("argus.pipeline", config, [
+    return _group("argus.pipeline", config.slow_interval, [
         _record("job:argus_exporter_dropped_records:rate",
                 "sum by (job, reason) (rate("
                 f"{select('argus_exporter_dropped_records_total', sel.exporters)}[{window}]))"),

@@ -75,15 +75,12 @@ def quantile(q: float, values: list[float]) -> float:
 
 
 def group_statistics(values: list[float], config: RulesConfig) -> dict[str, float]:
-    """The recorded median, MAD, scale and threshold of one group, as the rules compute them."""
+    """The recorded median, scale and threshold of one group, as the rules compute them."""
     median = quantile(0.5, values)
     mad = quantile(0.5, [abs(v - median) for v in values])
-    floor = config.l2_scale_floor * median
-    scale = MAD_TO_SIGMA * mad if MAD_TO_SIGMA * mad > floor else floor
-    by_z = median + config.l2_z * scale
-    ratio = config.l2_min_ratio * median
-    return {"median": median, "mad": mad, "scale": scale,
-            "threshold": ratio if ratio > by_z else by_z}
+    scale = max(MAD_TO_SIGMA * mad, config.l2_scale_floor * median)
+    margin = max(float(f"{config.l2_min_ratio - 1:g}") * median, config.l2_z * scale)
+    return {"median": median, "scale": scale, "threshold": median + margin}
 
 
 def _alert_labels(config: RulesConfig, rule: dict, **labels: str) -> dict[str, str]:
@@ -454,7 +451,7 @@ def recording_tests(config: RulesConfig) -> list[dict]:
               format_duration(config.evaluation_interval),
               "exp_samples": [{"labels": f"axis_group:argus_phase_seconds:{name}{group}",
                                "value": stats[name]}]}
-             for name in ("median", "mad", "scale", "threshold")]
+             for name in ("median", "scale", "threshold")]
     tests = [_test(config, "L2 group statistics of a dp group", series, exprs=exprs)]
 
     steps = _Steps(config, 10)
