@@ -64,7 +64,7 @@ def test_a_live_job_serves_hosts_and_posts_records(processor, tmp_path):
 
     # What the processor received: identities of all 16 ranks, steps timed around now.
     metrics = scrape(f"{processor}/metrics")
-    ranks = {dict(k)["rank"] for k in metrics if k[0] == "argus_rank_info"}
+    ranks = {dict(k[1])["rank"] for k in metrics if k[0] == "argus_rank_info"}
     assert ranks == {str(r) for r in range(16)}
     assert metrics[("argus_processor_records_total", ())] >= 16 * (1 + 40 * 2)
     assert metrics.get(("argus_processor_rejected_records_total", ()), 0) == 0
@@ -91,13 +91,13 @@ def test_the_hosts_endpoints_carry_the_exporters_labels_and_the_fault(tmp_path):
     finally:
         job.stop()
         runner.join(30)
-    mlp = {dict(k)["rank"]: v for k, v in metrics.items()
-           if k[0] == "argus_phase_window_seconds" and dict(k)["phase"] == "mlp"
-           and dict(k)["stat"] == "median"}
+    mlp = {dict(k[1])["rank"]: v for k, v in metrics.items()
+           if k[0] == "argus_phase_window_seconds" and dict(k[1])["phase"] == "mlp"
+           and dict(k[1])["stat"] == "median"}
     assert len(mlp) == 8
     healthy = sorted(v for r, v in mlp.items() if r != "5")
     assert mlp["5"] > 10 * healthy[len(healthy) // 2]  # mlp x20 from step 15
-    steps = {dict(k)["rank"]: v for k, v in metrics.items() if k[0] == "argus_steps_total"}
+    steps = {dict(k[1])["rank"]: v for k, v in metrics.items() if k[0] == "argus_steps_total"}
     labels = dict(next(k for k in metrics if k[0] == "argus_steps_total")[1])
     assert set(labels) == {"job", "rank", "host", "dp", "tp", "pp", "ep"}
     assert labels["job"] == "compute-straggler" and labels["host"] == "node-0"
