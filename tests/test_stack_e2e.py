@@ -141,7 +141,7 @@ def test_prometheus_restart_raises_no_false_alert(stack):
     assert prometheus.stop()
     time.sleep(5)  # five scrape and evaluation intervals missed
     stack.restart("prometheus")
-    time.sleep(30)  # longer than every scaled `for` of the fail-slow alerts but regression's
+    time.sleep(20)  # longer than the scaled `for` of every fail-slow alert but the regression
     assert not _unexpected(stack, before)
     pipeline = {labels["alertname"] for t, labels in firing(stack) if t > before
                 and labels.get("level") == "pipeline"}
