@@ -26,6 +26,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/exporter_cpu.py
 	$(BIN)/python bench/perfetto_write.py
 	$(BIN)/python bench/processor.py
+	$(BIN)/python bench/rules_scale.py  # needs prometheus (apt-get install prometheus)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

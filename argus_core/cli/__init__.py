@@ -11,13 +11,25 @@ from argus_core import __version__
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand registered."""
-    from argus_core.cli import dashboards, demo, diagnose, processor, run, simulate, traces
+    from argus_core.cli import (
+        dashboards,
+        demo,
+        diagnose,
+        processor,
+        rules,
+        run,
+        score,
+        simulate,
+        stack,
+        traces,
+    )
 
     parser = argparse.ArgumentParser(
         prog="argus", description="Always-on tracing and fail-slow diagnosis for GPU training.")
     parser.add_argument("--version", action="version", version=f"argus {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (diagnose, simulate, demo, run, processor, traces, dashboards):
+    for module in (diagnose, simulate, demo, run, processor, traces, rules, score, stack,
+                   dashboards):
         module.register(commands)
     return parser
 

@@ -1,0 +1,62 @@
+"""``argus score``: run the W1 scoring job (L3) against Prometheus."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def register(commands) -> None:
+    """Add the subcommand to the CLI."""
+    p = commands.add_parser(
+        "score", help="run the W1 scoring job (L3) against Prometheus",
+        description="Every --interval, query the processors' kernel summaries from "
+                    "Prometheus, score them with the core's L3 (W1 against healthy peers), "
+                    "and serve argus_kernel_w1_score, argus_kernel_straggler and "
+                    "argus_verdict on /metrics for Prometheus to scrape.")
+    p.add_argument("--prometheus", required=True, metavar="URL",
+                   help="Prometheus (or Mimir/Thanos query frontend) base URL")
+    p.add_argument("--listen", default="127.0.0.1:9800", metavar="HOST:PORT",
+                   help="where /metrics is served (default 127.0.0.1:9800)")
+    p.add_argument("--interval", type=float, default=60.0, metavar="S",
+                   help="seconds between rounds (default 60, the processors' window)")
+    p.add_argument("--shard", default="0/1", metavar="I/N",
+                   help="score only jobs whose name hashes to shard I of N (default 0/1)")
+    p.add_argument("--peer-axis", default="pp", choices=["dp", "tp", "pp", "ep"],
+                   help="ranks at the same position on this axis are peers (default pp)")
+    p.add_argument("--window", type=float, default=60.0, metavar="S",
+                   help="the processors' --window (default 60)")
+    p.add_argument("--rate-window", default="2m", metavar="DURATION",
+                   help="window of each rank's steps per second (default 2m)")
+    p.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                   help="per query (default 30)")
+    p.add_argument("--selector", default="", metavar="MATCHERS",
+                   help="extra label matchers, e.g. 'cluster=\"eu\"'")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run until SIGTERM/SIGINT."""
+    from argus_core.score.service import ScoreConfig, serve
+
+    host, sep, port = args.listen.rpartition(":")
+    index, slash, count = args.shard.partition("/")
+    try:
+        if not sep or not port.isdigit():
+            raise ValueError(f"--listen {args.listen!r}: expected HOST:PORT")
+        if not slash or not index.isdigit() or not count.isdigit() or int(count) < 1:
+            raise ValueError(f"--shard {args.shard!r}: expected I/N, e.g. 0/4")
+        config = ScoreConfig(prometheus=args.prometheus, interval_s=args.interval,
+                             shard=int(index), shards=int(count), peer_axis=args.peer_axis,
+                             window_s=args.window, rate_window=args.rate_window,
+                             timeout_s=args.timeout, selector=args.selector)
+        from argus_core.score.prometheus import PrometheusAPI
+
+        PrometheusAPI(config.prometheus)  # validates the URL
+    except ValueError as exc:
+        print(f"argus score: error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    serve(config, host or "127.0.0.1", int(port))
+    return 0

@@ -1,0 +1,1 @@
+"""Prometheus recording rules, alerts, promtool tests and Alertmanager routing, generated."""

@@ -1,0 +1,267 @@
+"""The one place users change Argus's Prometheus rules: selectors, windows, thresholds, `for`s.
+
+Mixin style (node-mixin, kubernetes-mixin): every rule, alert and the Alertmanager example is
+generated from a ``RulesConfig``; users override keys in a YAML file (``argus rules --config
+FILE``) instead of editing generated YAML. The detection thresholds default to the core's own
+(``L1Config``, ``L2Config``), so the rules and ``argus diagnose`` judge with the same numbers;
+re-align them by changing the core, not this file.
+
+Durations are seconds here and Prometheus durations (``2m``, ``600ms``) in files. The production
+defaults assume a 15 s scrape and evaluation interval and steps of ~2-10 s. ``scaled(k)``
+divides every duration by ``k``: the local stack and the tests run the same rules k times faster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from argus_core.detect.l1 import L1Config
+from argus_core.detect.l2 import L2Config
+from argus_core.schema import AXES
+
+_L1 = L1Config()
+_L2 = L2Config()
+
+
+def _doc(text: str, default, **kwargs):
+    """A dataclass field whose documentation travels with it (into the defaults file)."""
+    return field(default=default, metadata={"doc": text, **kwargs})
+
+
+def _duration(text: str, default: float):
+    return _doc(text, default, duration=True)
+
+
+@dataclass(frozen=True)
+class Selectors:
+    """Label matchers that pick Argus's series out of a shared Prometheus."""
+
+    exporters: str = _doc("extra matchers on every exporter series, e.g. 'cluster=\"a\"'", "")
+    processor: str = _doc("extra matchers on the processors' series", "")
+    scorer: str = _doc("extra matchers on the scorers' series", "")
+    exporters_up: str = _doc("the exporters' scrape targets, for `up`",
+                             'job="argus-exporters"')
+    processor_up: str = _doc("the processors' scrape targets, for `up`", 'job="argus-processor"')
+    scorer_up: str = _doc("the scorers' scrape targets, for `up`", 'job="argus-scorer"')
+
+
+@dataclass(frozen=True)
+class RulesConfig:
+    """Everything the generated rules, alerts, tests and Alertmanager routing depend on."""
+
+    selectors: Selectors = field(default_factory=Selectors)
+    axes: tuple[str, ...] = _doc("parallel axes compared at L2 (drop the ones you never use: "
+                                 "each costs a join over every rank's phases)", AXES)
+    runbook_url: str = _doc("where the README's runbook lives (each alert links to its "
+                            "section); point it at your copy",
+                            "https://github.com/argus-failslow/argus/blob/main/README.md")
+
+    # -- timing -----------------------------------------------------------------------------
+    evaluation_interval: float = _duration("evaluation interval of the groups that watch every "
+                                           "step (L1 spikes, host stalls, alerts)", 15)
+    slow_interval: float = _duration("evaluation interval of the groups whose inputs change "
+                                     "slowly: L2 group statistics (medians of 32 steps), the "
+                                     "regression's medians over minutes, pipeline rates", 60)
+    scrape_interval: float = _duration("scrape interval of the exporters (the local stack's "
+                                       "Prometheus uses it)", 15)
+    rate_window: float = _duration("window of the per-rank mean step time from counters", 120)
+    regression_recent: float = _duration("L1 regression: the recent window (median of the "
+                                         "iteration time)", 600)
+    regression_baseline: float = _duration("L1 regression: the baseline window, just before "
+                                           "the recent one", 3600)
+    host_window: float = _duration("ArgusHostStall: window over which a rank's extra host "
+                                   "time is summed", 120)
+    scorer_stale_after: float = _duration("the scorer is stale when its last good round is "
+                                          "older than this", 300)
+
+    # -- thresholds (defaults are the core's: argus_core.detect L1Config / L2Config) --------
+    warmup_steps: int = _doc("first steps of a rank not judged (compilation, warm-up)",
+                             _L1.warmup_steps)
+    exporter_window_steps: int = _doc("ARGUS_WINDOW_STEPS of the exporters (steps in the "
+                                      "rolling-window gauges)", 32)
+    spike_ratio: float = _doc("L1 spike: the slowest recent step over the rolling median",
+                              _L1.spike_ratio)
+    min_regression: float = _doc("L1 regression: recent over baseline iteration time",
+                                 _L1.min_regression)
+    attribution_share: float = _doc("ArgusHostStall: the rank's extra host time explains at "
+                                    "least this share of the job's slowest step's excess",
+                                    _L1.attribution_share)
+    l2_min_ratio: float = _doc("L2: a rank's phase time over its group's median",
+                               _L2.min_ratio)
+    l2_z: float = _doc("L2: robust z, (time - median) / max(1.4826 MAD, floor x median)",
+                       _L2.z_threshold)
+    l2_scale_floor: float = _doc("L2: the spread is never taken below this share of the "
+                                 "median (identical peers)", _L2.scale_floor)
+    processor_reject_ratio: float = _doc("share of records the processor may reject before "
+                                         "ArgusProcessorRejectingRecords", 0.01)
+
+    # -- for durations ----------------------------------------------------------------------
+    for_spike: float = _duration("ArgusIterationSpike", 30)
+    for_regression: float = _duration("ArgusIterationRegression", 300)
+    for_straggler: float = _duration("ArgusStragglerRank and ArgusLinkDegraded", 180)
+    for_kernel: float = _duration("ArgusKernelStraggler (scorer rounds are ~1 per minute)",
+                                  180)
+    for_host: float = _duration("ArgusHostStall (a stall is brief by nature)", 0)
+    for_exporter_down: float = _duration("ArgusExporterDown", 300)
+    for_component_down: float = _duration("ArgusProcessorDown and ArgusScorerStale", 120)
+    for_pipeline: float = _duration("exporter drops, processor rejections and upload failures",
+                                    600)
+
+    # -- Alertmanager example -----------------------------------------------------------------
+    group_wait: float = _duration("Alertmanager group_wait", 30)
+    group_interval: float = _duration("Alertmanager group_interval", 300)
+    repeat_interval: float = _duration("Alertmanager repeat_interval", 4 * 3600)
+    webhook_url: str = _doc("where the example receivers post (the local stack fills it in)",
+                            "http://127.0.0.1:9095/alerts")
+
+    def scaled(self, factor: float) -> RulesConfig:
+        """The same rules running ``factor`` times faster: every duration divided by it."""
+        if factor <= 0:
+            raise ValueError(f"time scale must be > 0, got {factor}")
+        changes = {f.name: getattr(self, f.name) / factor for f in dataclasses.fields(self)
+                   if f.metadata.get("duration")}
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def spike_guard(self) -> float:
+        """A spike is over once the steps since the previous scrape are back below this ratio
+        to the rolling median; a level shift keeps them above (halfway to ``spike_ratio``, so
+        a shift near ``spike_ratio`` cannot pass for a spike on jitter alone)."""
+        return (1 + self.spike_ratio) / 2
+
+    @property
+    def judged_steps(self) -> int:
+        """Steps a rank must have done before its rolling window holds no warm-up step."""
+        return self.warmup_steps + self.exporter_window_steps
+
+
+_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y))+$")
+_UNIT_S = {"ms": 1e-3, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
+
+
+def parse_duration(value) -> float:
+    """Seconds from a number or a Prometheus duration string (``90s``, ``1m30s``, ``500ms``)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    text = str(value).strip()
+    if not _DURATION.match(text):
+        raise ValueError(f"{value!r} is not a duration (expected e.g. 15s, 2m, 1h30m, 500ms)")
+    return sum(float(n) * _UNIT_S[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)",
+                                                             text))
+
+
+def format_duration(seconds: float) -> str:
+    """Prometheus duration text: whole units where possible, else milliseconds (``600ms``)."""
+    ms = round(seconds * 1000)
+    if ms == 0:
+        return "0s"
+    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def load_config(path: str | Path | None) -> RulesConfig:
+    """Defaults, overridden by the keys of a YAML file; an unknown key or bad value is an
+    error naming it (nothing is silently ignored)."""
+    config = RulesConfig()
+    if path is None:
+        return config
+    import yaml
+
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of settings at the top level")
+    return override(config, data, str(path))
+
+
+def override(config: RulesConfig, data: dict, origin: str = "config") -> RulesConfig:
+    """``config`` with the settings in ``data`` applied (same names as the defaults file)."""
+    known = {f.name: f for f in dataclasses.fields(RulesConfig)}
+    changes: dict = {}
+    for key, value in data.items():
+        if key not in known:
+            raise ValueError(f"{origin}: unknown setting {key!r} (known: "
+                             f"{', '.join(sorted(known))})")
+        if key == "selectors":
+            changes[key] = _selectors(config.selectors, value, origin)
+        elif key == "axes":
+            axes = tuple(value) if isinstance(value, (list, tuple)) else ()
+            if not axes or any(a not in AXES for a in axes):
+                raise ValueError(f"{origin}: axes: expected a list of {', '.join(AXES)}")
+            changes[key] = axes
+        else:
+            changes[key] = _value(known[key], value, origin)
+    return dataclasses.replace(config, **changes)
+
+
+def _selectors(current: Selectors, value, origin: str) -> Selectors:
+    if not isinstance(value, dict):
+        raise ValueError(f"{origin}: selectors: expected a mapping")
+    names = {f.name for f in dataclasses.fields(Selectors)}
+    for key, text in value.items():
+        if key not in names:
+            raise ValueError(f"{origin}: unknown selector {key!r} (known: "
+                             f"{', '.join(sorted(names))})")
+        if not isinstance(text, str):
+            raise ValueError(f"{origin}: selectors.{key}: expected a string of matchers")
+    return dataclasses.replace(current, **value)
+
+
+def _value(spec: dataclasses.Field, value, origin: str):
+    name = spec.name
+    if spec.metadata.get("duration"):
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            raise ValueError(f"{origin}: {name}: {exc}") from None
+    default = spec.default
+    if isinstance(default, str):
+        if not isinstance(value, str):
+            raise ValueError(f"{origin}: {name}: expected a string, got {value!r}")
+        return value
+    kind = type(default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{origin}: {name}: expected a number, got {value!r}")
+    if kind is int and value != int(value):
+        raise ValueError(f"{origin}: {name}: expected a whole number, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{origin}: {name}: must be a finite number >= 0, got {value!r}")
+    return kind(value)
+
+
+def defaults_yaml() -> str:
+    """The commented defaults file: every setting, its default and what it does."""
+    lines = ["# Argus rules: every setting with its default. Copy the keys you change into your",
+             "# own file and run `argus rules --config YOURS.yml --out DIR`; never edit the",
+             "# generated rules. Durations are Prometheus durations. Thresholds default to the",
+             "# core's (argus_core.detect: L1Config, L2Config), so the rules judge like",
+             "# `argus diagnose`.", ""]
+    config = RulesConfig()
+    lines.append("selectors:")
+    for f in dataclasses.fields(Selectors):
+        lines.append(f"  # {f.metadata['doc']}")
+        lines.append(f"  {f.name}: {_yaml_scalar(getattr(config.selectors, f.name))}")
+    for f in dataclasses.fields(RulesConfig):
+        if f.name == "selectors":
+            continue
+        value = getattr(config, f.name)
+        lines.append(f"# {f.metadata['doc']}")
+        if f.metadata.get("duration"):
+            shown = format_duration(value)
+        elif isinstance(value, tuple):
+            shown = "[" + ", ".join(value) + "]"
+        else:
+            shown = _yaml_scalar(value)
+        lines.append(f"{f.name}: {shown}")
+    return "\n".join(lines) + "\n"
+
+
+def _yaml_scalar(value) -> str:
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return repr(value)

@@ -1,0 +1,218 @@
+"""``argus score``: the W1 scoring job (L3), a loop of rounds behind a ``/metrics`` endpoint.
+
+Each round lists the jobs with kernel summaries in Prometheus, keeps this shard's (a stable
+hash of the job name, so N scorers split a cluster without talking to each other), fetches
+each job's summaries, coordinates and phase medians, judges them with the core
+(``core_adapter.judge``) and publishes the result atomically:
+``argus_kernel_w1_score{job,rank,kernel,stream}``, ``argus_kernel_straggler`` (0/1),
+``argus_verdict{job,rank,cause}`` and ``argus_rank_wait_seconds{job,rank}``.
+
+Nothing stale, nothing guessed: a job whose queries fail this round is published with nothing
+(its old results are dropped), a rank without summaries gets no score and is counted in
+``argus_scorer_unscored_ranks``, and a failed round leaves only the scorer's own health:
+``argus_scorer_last_success_timestamp_seconds`` (what ArgusScorerStale watches), round
+duration, failed queries, series fetched. Failed rounds back off (interval x 2, x 4, capped).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+
+from argus_core.score.core_adapter import Judgement, judge
+from argus_core.score.prometheus import PrometheusAPI, QueryError
+from argus_core.score.snapshot import fetch_job, list_jobs
+
+logger = logging.getLogger("argus_core.score")
+
+MAX_BACKOFF_FACTOR = 4
+
+
+@dataclass(frozen=True)
+class ScoreConfig:
+    """Everything ``argus score`` can be told."""
+
+    prometheus: str
+    interval_s: float = 60.0
+    shard: int = 0
+    shards: int = 1
+    peer_axis: str = "pp"
+    window_s: float = 60.0  # the processors' --window: their summaries cover this much time
+    rate_window: str = "2m"  # steps per second of each rank, over this window
+    timeout_s: float = 30.0
+    selector: str = ""  # extra matchers on the processors' and exporters' series
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.shard < self.shards:
+            raise ValueError(f"--shard {self.shard}/{self.shards}: expected I/N with "
+                             f"0 <= I < N")
+        if self.interval_s <= 0 or self.timeout_s <= 0 or self.window_s <= 0:
+            raise ValueError("interval, timeout and window must be > 0")
+
+
+def shard_of(job: str, shards: int) -> int:
+    """The shard that scores ``job``: CRC-32 of its name, stable across runs and hosts."""
+    return zlib.crc32(job.encode()) % shards
+
+
+@dataclass
+class Published:
+    """What /metrics serves: the last round's judgements plus the scorer's health."""
+
+    judgements: dict[str, Judgement] = field(default_factory=dict)
+    last_success: float = 0.0
+    round_seconds: float = float("nan")
+    rounds_ok: int = 0
+    rounds_failed: int = 0
+    query_failures: int = 0
+    series_fetched: int = 0
+    jobs_failed: int = 0
+
+
+class Scorer:
+    """Runs rounds; ``published`` is replaced as a whole, so a scrape sees one round."""
+
+    def __init__(self, config: ScoreConfig, api: PrometheusAPI | None = None):
+        self.config = config
+        self.api = api or PrometheusAPI(config.prometheus, timeout_s=config.timeout_s)
+        self.published = Published()
+        self._stop = threading.Event()
+
+    def run_round(self) -> bool:
+        """Score every job of this shard once; True when every query succeeded."""
+        started = time.monotonic()
+        previous = self.published
+        self.api.series_fetched = 0
+        failures_before = self.api.failures
+        judgements: dict[str, Judgement] = {}
+        jobs_failed = 0
+        try:
+            jobs = [j for j in list_jobs(self.api, self.config.selector)
+                    if shard_of(j, self.config.shards) == self.config.shard]
+        except QueryError as exc:
+            logger.warning("argus score: cannot list jobs: %s", exc)
+            jobs = None
+        for job in jobs or ():
+            try:
+                snapshot = fetch_job(self.api, job, self.config.selector, self.config.window_s,
+                                     self.config.rate_window, self.config.peer_axis)
+            except QueryError as exc:
+                logger.warning("argus score: job %r left out this round: %s", job, exc)
+                jobs_failed += 1
+                continue
+            judgements[job] = judge(snapshot, self.config.peer_axis)
+        ok = jobs is not None and jobs_failed == 0
+        self.published = Published(
+            judgements=judgements,
+            last_success=time.time() if ok else previous.last_success,
+            round_seconds=time.monotonic() - started,
+            rounds_ok=previous.rounds_ok + ok, rounds_failed=previous.rounds_failed + (not ok),
+            query_failures=previous.query_failures + self.api.failures - failures_before,
+            series_fetched=self.api.series_fetched, jobs_failed=jobs_failed)
+        return ok
+
+    def run_forever(self) -> None:
+        """Rounds every ``interval_s``; after failures, every 2, then 4 intervals (capped)."""
+        streak = 0
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                ok = self.run_round()
+            except Exception:  # a bug in one round must not stop the service
+                logger.exception("argus score: round failed")
+                ok = False
+            streak = 0 if ok else streak + 1
+            wait = self.config.interval_s * min(2 ** streak, MAX_BACKOFF_FACTOR)
+            self._stop.wait(max(0.0, wait - (time.monotonic() - started)))
+
+    def stop(self) -> None:
+        """End ``run_forever`` after the current round."""
+        self._stop.set()
+
+    def collect(self):
+        """Prometheus collector: the published round and the scorer's health."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        state = self.published
+        score = GaugeMetricFamily(
+            "argus_kernel_w1_score", "Extra time of the rank's kernel over its healthy peers' "
+            "(directional W1 / reference mean; 0.5 = 50% slower).",
+            labels=["job", "rank", "kernel", "stream"])
+        straggler = GaugeMetricFamily(
+            "argus_kernel_straggler", "1 when the kernel is a finding (slow, not explained by "
+            "waiting for a late peer), else 0.", labels=["job", "rank", "kernel", "stream"])
+        verdict = GaugeMetricFamily("argus_verdict", "The most likely cause for a rank (1).",
+                                    labels=["job", "rank", "cause"])
+        wait = GaugeMetricFamily("argus_rank_wait_seconds", "Time per step the rank waits in "
+                                 "collectives for late peers (arrival skew).",
+                                 labels=["job", "rank"])
+        unscored = GaugeMetricFamily("argus_scorer_unscored_ranks", "Ranks known to a "
+                                     "processor that got no score this round (no summaries "
+                                     "or too few peers).", labels=["job"])
+        for job, judgement in sorted(state.judgements.items()):
+            table = judgement.kernels
+            rows = zip(table.rank.tolist(), table.kernel.tolist(), table.stream.tolist(),
+                       table.score.tolist(), table.straggler.tolist(), strict=True)
+            for rank, kernel, stream, value, flag in rows:
+                labels = [job, str(rank), table.names[kernel], str(stream)]
+                score.add_metric(labels, value)
+                straggler.add_metric(labels, float(flag))
+            for rank, cause in judgement.verdicts:
+                verdict.add_metric([job, str(rank), cause], 1.0)
+            for rank, seconds in sorted(judgement.wait_s.items()):
+                wait.add_metric([job, str(rank)], seconds)
+            unscored.add_metric([job], len(judgement.unscored))
+        yield from (score, straggler, verdict, wait, unscored)
+
+        def gauge(name: str, doc: str, value: float):
+            family = GaugeMetricFamily(name, doc)
+            family.add_metric([], value)
+            return family
+
+        yield gauge("argus_scorer_last_success_timestamp_seconds",
+                    "Unix time of the last round in which every query succeeded.",
+                    state.last_success)
+        yield gauge("argus_scorer_round_duration_seconds", "Duration of the last round.",
+                    state.round_seconds)
+        yield gauge("argus_scorer_series_fetched", "Series fetched from Prometheus in the "
+                    "last round.", state.series_fetched)
+        yield gauge("argus_scorer_jobs", "Jobs scored in the last round.",
+                    len(state.judgements))
+        yield gauge("argus_scorer_jobs_failed", "Jobs left out of the last round because a "
+                    "query failed.", state.jobs_failed)
+        rounds = CounterMetricFamily("argus_scorer_rounds", "Rounds, by result.",
+                                     labels=["result"])
+        rounds.add_metric(["ok"], state.rounds_ok)
+        rounds.add_metric(["failed"], state.rounds_failed)
+        yield rounds
+        failures = CounterMetricFamily("argus_scorer_query_failures",
+                                       "Failed query attempts (each retry counts).")
+        failures.add_metric([], state.query_failures)
+        yield failures
+        shard = GaugeMetricFamily("argus_scorer_shard_info", "This scorer's shard (value 1).",
+                                  labels=["shard", "shards"])
+        shard.add_metric([str(self.config.shard), str(self.config.shards)], 1.0)
+        yield shard
+
+
+def serve(config: ScoreConfig, host: str, port: int) -> None:
+    """Serve /metrics and run rounds until SIGTERM/SIGINT."""
+    import signal
+
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    scorer = Scorer(config)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(scorer)
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    logger.info("argus score: /metrics on http://%s:%d, Prometheus %s, shard %d/%d", host,
+                server.server_port, config.prometheus, config.shard, config.shards)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: scorer.stop())
+    try:
+        scorer.run_forever()
+    finally:
+        server.shutdown()

@@ -1,0 +1,221 @@
+"""What the scorer reads from Prometheus for one job, rebuilt as the core's tables.
+
+- Kernel summaries (the processors' ``argus_kernel_executions`` and
+  ``argus_kernel_duration_seconds{quantile="0.5"|"0.99"}``, one row per cluster) become a
+  ``KernelSummary``: the same table ``argus diagnose`` scores.
+- Each rank's coordinates come from ``argus_rank_info`` (the processors' info metric).
+- Each rank's phase medians (the exporters' ``argus_phase_window_seconds{stat="median"}``)
+  become a one-step ``StepMatrix`` for the core's L2 (stragglers, pairs, late arrivers), and
+  its mean phase times per step (``argus_phase_seconds_total`` over ``argus_steps_total``) one
+  for its waiting: a collective kernel's W1 excess is a mean, so the waiting that excuses it
+  must be one too.
+- Each rank's steps per second, to turn a window's kernel time into time per step.
+
+Label columns are pulled out of the JSON answer once per query and joined with numpy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from dataclasses import dataclass, field
+from itertools import compress
+from operator import itemgetter, methodcaller
+
+import numpy as np
+
+from argus_core.schema import AXES
+from argus_core.score.prometheus import PrometheusAPI, quote_label
+from argus_core.summaries import KernelSummary
+
+
+@dataclass
+class PhaseTable:
+    """Per rank (sorted), the median time of each phase over its recent steps."""
+
+    ranks: np.ndarray
+    names: list[str]
+    values: np.ndarray  # ranks x phases, NaN = not reported
+    coords: np.ndarray  # ranks x 4 (AXES order)
+
+
+@dataclass
+class JobSnapshot:
+    """One job as Prometheus holds it right now."""
+
+    job: str
+    summary: KernelSummary
+    coords: dict[int, tuple[int, ...]] = field(default_factory=dict)  # rank -> AXES coords
+    phases: PhaseTable | None = None  # medians over each rank's last steps
+    phase_means: PhaseTable | None = None  # means per step over the rate window
+    steps_per_s: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def known_ranks(self) -> set[int]:
+        """Ranks that announced themselves to a processor."""
+        return set(self.coords)
+
+
+@contextlib.contextmanager
+def no_gc():
+    """Pause the cyclic garbage collector: decoding millions of series allocates millions of
+    dicts, and each collection would walk them all again (3x slower at 10,000 ranks)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def label_columns(result: list[dict], names: tuple[str, ...]) -> tuple[list[list[str]],
+                                                                        np.ndarray]:
+    """The given labels of every series (one list per label) and the float values."""
+    metrics = list(map(itemgetter("metric"), result))
+    columns = [list(map(methodcaller("get", name, ""), metrics)) for name in names]
+    values = np.fromiter(map(float, map(itemgetter(1), map(itemgetter("value"), result))),
+                         np.float64, len(result))
+    return columns, values
+
+
+def _ints(texts: list[str]) -> np.ndarray:
+    return np.fromiter(map(int, texts), np.int64, len(texts))
+
+
+_CLUSTER_KEY = itemgetter("rank", "kernel", "stream", "cluster")
+
+
+def kernel_summary(executions: list[dict], durations: list[dict], window_ns: int,
+                   names: dict[str, int] | None = None) -> KernelSummary:
+    """Join executions, p50 and p99 per (rank, kernel, stream, cluster) into a summary table.
+
+    A cluster missing any of the three (scraped mid-update, or dropped by a relabel) is left
+    out rather than guessed. ``names`` (kernel name -> id) is shared by the parts of one job.
+    At 10,000 ranks x 100 kernels this is 6 M series, so no Python loop runs per series:
+    Prometheus returns a selector's series sorted by their labels, which puts executions,
+    p50s and p99s in the same cluster order; that is checked (one list comparison) and the
+    columns are then aligned by position. Any other order falls back to a join by label tuple.
+    """
+    names = {} if names is None else names
+    e_metrics = list(map(itemgetter("metric"), executions))
+    d_metrics = list(map(itemgetter("metric"), durations))
+    keys = list(map(_CLUSTER_KEY, e_metrics))
+    d_keys = list(map(_CLUSTER_KEY, d_metrics))
+    _, counts = label_columns(executions, ())
+    (quantile,), seconds = label_columns(durations, ("quantile",))
+    q = np.array(quantile)
+    is50, is99 = q == "0.5", q == "0.99"
+    p50_keys = list(compress(d_keys, is50.tolist()))
+    p99_keys = list(compress(d_keys, is99.tolist()))
+    if p50_keys == keys and p99_keys == keys:
+        unique, count = keys, counts
+        p50, p99 = seconds[is50] * 1e9, seconds[is99] * 1e9
+    else:
+        index = {key: i for i, key in enumerate(dict.fromkeys(keys + d_keys))}
+        unique = list(index)
+        count, p50, p99 = (np.full(len(index), np.nan) for _ in range(3))
+        count[np.fromiter(map(index.__getitem__, keys), np.int64, len(keys))] = counts
+        rows = np.fromiter(map(index.__getitem__, d_keys), np.int64, len(d_keys))
+        p50[rows[is50]] = seconds[is50] * 1e9
+        p99[rows[is99]] = seconds[is99] * 1e9
+    n = len(unique)
+    rank = _ints(list(map(itemgetter(0), unique)))
+    kernel = np.fromiter((names.setdefault(k, len(names)) for k in map(itemgetter(1), unique)),
+                         np.int64, n)
+    stream = _ints(list(map(itemgetter(2), unique)))
+    cluster = _ints(list(map(itemgetter(3), unique)))
+    with np.errstate(invalid="ignore"):
+        ok = (count > 0) & (p50 > 0) & (p99 >= p50)
+    count = count[ok].astype(np.int64)
+    table = sorted(names, key=names.get)
+    return KernelSummary(rank=rank[ok], kernel=kernel[ok], stream=stream[ok],
+                         window=np.zeros(int(ok.sum()), dtype=np.int64),
+                         cluster=cluster[ok], count=count, sum_ns=count * p50[ok],
+                         p50_ns=p50[ok], p99_ns=p99[ok], names=table, window_ns=window_ns)
+
+
+def rank_coords(info: list[dict]) -> dict[int, tuple[int, ...]]:
+    """rank -> coordinates from ``argus_rank_info`` series."""
+    (rank, *axes), _ = label_columns(info, ("rank", *AXES))
+    out = {}
+    for i, r in enumerate(rank):
+        try:
+            out[int(r)] = tuple(int(column[i] or 0) for column in axes)
+        except ValueError:
+            continue  # a rank or coordinate that is not a number: not ours to guess
+    return out
+
+
+def phase_table(series: list[dict]) -> PhaseTable | None:
+    """The ranks x phases matrix of phase medians (and each rank's coordinates)."""
+    if not series:
+        return None
+    (rank_text, phase, *axes), values = label_columns(series, ("rank", "phase", *AXES))
+    rank = _ints(rank_text)
+    ranks, r_idx = np.unique(rank, return_inverse=True)
+    names, p_idx = np.unique(np.array(phase), return_inverse=True)
+    table = np.full((len(ranks), len(names)), np.nan)
+    table[r_idx, p_idx] = values
+    coords = np.zeros((len(ranks), len(AXES)), dtype=np.int64)
+    coords[r_idx] = np.column_stack([_ints([c or "0" for c in column]) for column in axes])
+    return PhaseTable(ranks, [str(n) for n in names], table, coords)
+
+
+def concat(parts: list[KernelSummary], names: dict[str, int], window_ns: int) -> KernelSummary:
+    """One summary of parts that share the ``names`` table."""
+    fields = ("rank", "kernel", "stream", "window", "cluster", "count", "sum_ns", "p50_ns",
+              "p99_ns")
+    columns = {f: np.concatenate([getattr(p, f) for p in parts]) if parts else
+               np.zeros(0, dtype=np.float64 if f.endswith("_ns") else np.int64) for f in fields}
+    return KernelSummary(**columns, names=sorted(names, key=names.get), window_ns=window_ns)
+
+
+def fetch_summaries(api: PrometheusAPI, match: str, coords: dict[int, tuple[int, ...]],
+                    peer_axis: str, window_ns: int) -> KernelSummary:
+    """The job's kernel summaries, fetched one peer set at a time (the ranks at one position
+    on ``peer_axis``, which the core scores together), so that only one peer set's answer is
+    ever decoded in memory; ranks without an identity come last (peer set 0, as the core)."""
+    positions = sorted({c[AXES.index(peer_axis)] for c in coords.values()})
+    filters = [""]
+    if len(positions) > 1:
+        filters = [f"\nand on (job, rank) argus_rank_info{{{match},{peer_axis}=\"{p}\"}}"
+                   for p in positions]
+        filters.append(f"\nunless on (job, rank) argus_rank_info{{{match}}}")
+    names: dict[str, int] = {}
+    parts = []
+    for where in filters:
+        with no_gc():
+            executions = api.query(f"argus_kernel_executions{{{match}}}{where}")
+            durations = api.query(f"argus_kernel_duration_seconds{{{match}}}{where}")
+            parts.append(kernel_summary(executions, durations, window_ns, names))
+            del executions, durations
+    return concat(parts, names, window_ns)
+
+
+def fetch_job(api: PrometheusAPI, job: str, selector: str, window_s: float,
+              rate_window: str, peer_axis: str = "pp") -> JobSnapshot:
+    """Query everything the scorer needs about ``job``; raises QueryError."""
+    match = f"job={quote_label(job)}" + (f",{selector}" if selector else "")
+    info = api.query(f"argus_rank_info{{{match}}}")
+    coords = rank_coords(info)
+    summary = fetch_summaries(api, match, coords, peer_axis, int(window_s * 1e9))
+    phases = api.query(f'argus_phase_window_seconds{{{match},stat="median"}}')
+    means = api.query(f"increase(argus_phase_seconds_total{{{match}}}[{rate_window}])\n"
+                      "/ on (job, rank) group_left\n"
+                      f"sum by (job, rank) (increase(argus_steps_total{{{match}}}"
+                      f"[{rate_window}]))")
+    steps = api.query(f"sum by (rank) (rate(argus_steps_total{{{match}}}[{rate_window}]))")
+    (step_rank,), step_rate = label_columns(steps, ("rank",))
+    return JobSnapshot(
+        job=job, summary=summary, coords=coords, phases=phase_table(phases),
+        phase_means=phase_table(means),
+        steps_per_s={int(r): float(v) for r, v in zip(step_rank, step_rate, strict=True)
+                     if r.isdigit()})
+
+
+def list_jobs(api: PrometheusAPI, selector: str) -> list[str]:
+    """Jobs that have kernel summaries in Prometheus."""
+    inner = f"{{{selector}}}" if selector else ""
+    result = api.query(f"group by (job) (argus_kernel_executions{inner})")
+    return sorted(r["metric"].get("job", "") for r in result if r["metric"].get("job"))

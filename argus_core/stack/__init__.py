@@ -1,0 +1,1 @@
+"""The whole Argus stack on one machine: configs, processes, the webhook receiver."""

@@ -1,0 +1,394 @@
+"""Benchmark: every Argus rule group in a real Prometheus fed 10,000 ranks x 8 phases, and the
+scorer's round at 10,000 ranks x 100 kernels.
+
+    python bench/rules_scale.py [--ranks 10000] [--minutes 5] [--kernels 100] [--json]
+
+Rules. A synthetic exporter serves, for every rank, the series the exporters expose (the
+names, labels and kinds are taken from ``StepMetrics`` itself for one rank, then repeated
+with each rank's identity), over ``--targets`` scrape targets; values advance with time, one
+rank is a 2x mlp straggler. Prometheus (Debian's 2.42) scrapes them every 15 s and evaluates
+all Argus rule groups (production config: the step-level groups every 15 s, the L2, trend
+and pipeline groups every 60 s). After the rate windows have filled (2.5 min),
+``prometheus_rule_group_last_duration_seconds`` is sampled every 15 s:
+``rule_eval_seconds`` is the largest sum over groups seen (every group's last evaluation, as
+if all ran in the same 15 s), ``rule_eval_seconds_per_15s`` the evaluation time that falls in
+one 15 s interval on average (each group's duration x 15 s / its interval), with
+``prometheus_rule_group_iterations_missed_total``. Baseline in the same run: a ``count()``
+over the 80,000 phase-median series through the HTTP API (the issue's calibration: 0.4-0.5 s).
+
+Scorer. (a) compute: the Prometheus API answers for 10,000 ranks x ``--kernels`` kernels x 2
+clusters (synthetic summaries, one rank 2x slow) are rendered as Prometheus renders them;
+``scorer_parse_seconds`` is decoding them, ``scorer_compute_seconds`` the rebuild of the
+summary table plus the core's scoring and verdicts. (b) query: the same Prometheus also
+scrapes kernel summaries for 10,000 ranks x ``--query-kernels`` kernels (as the processor
+exposes them); ``scorer_query_seconds`` is the scorer's real fetch of one job through the
+HTTP API and ``scorer_fetched_series`` what it fetched (the full 100 kernels would need ~6 M
+series in one Prometheus, beyond this machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import orjson
+from _report import report
+
+from argus_core.rules.alerts import alert_groups
+from argus_core.rules.config import RulesConfig
+from argus_core.rules.generate import to_yaml
+from argus_core.rules.recording import recording_groups
+from argus_core.schema import AXES
+from argus_core.score.core_adapter import judge
+from argus_core.score.snapshot import JobSnapshot, kernel_summary
+from argus_core.simulate.summaries import synthetic_summaries
+from argus_core.stack.processes import free_port
+from argus_core.summaries import summary_families
+from argus_core.topology import Topology
+
+PHASES = {"attention": 0.018, "mlp": 0.030, "backward": 0.087, "optimizer": 0.006,
+          "tp-comm": 0.004, "ep-alltoall": 0.003, "pp-p2p": 0.001, "dp-allreduce": 0.013}
+TOPOLOGY = {10_000: Topology(tp=4, ep=2, pp=5, dp=250)}
+STEP_S = 4.0
+SLOW_RANK = 1234
+
+
+def topology_for(ranks: int) -> Topology:
+    """All four axes used (the rules' worst case), dp scaled to the world size."""
+    if ranks in TOPOLOGY:
+        return TOPOLOGY[ranks]
+    if ranks % 40:
+        raise SystemExit("--ranks must be a multiple of 40 (tp=4, ep=2, pp=5, dp=N/40)")
+    return Topology(tp=4, ep=2, pp=5, dp=ranks // 40)
+
+
+def exporter_templates() -> list[tuple[str, str, dict, str]]:
+    """(kind, name, extra labels, value key) of every series one rank's exporter exposes."""
+    from argus_exporters.health import Health
+    from argus_exporters.identity import RankIdentity
+    from argus_exporters.metrics import StepMetrics
+
+    identity = RankIdentity("bench", 0, 1, 0, "node-0", {a: 0 for a in AXES})
+    metrics = StepMetrics(identity, Health(), 32)
+    health = metrics.health
+    health.probe_state("phases", "on")
+    health.drop("queue_full", 0)
+    metrics.observe(1.0, 0.9, dict.fromkeys(PHASES, 0.1))
+    base = set(identity.labels())
+    out = []
+    for family in metrics.collect():
+        for sample in family.samples:
+            extra = {k: v for k, v in sample.labels.items() if k not in base}
+            out.append((family.type, sample.name, extra, sample.name))
+    return out
+
+
+class SyntheticCluster:
+    """Renders every rank's exporter series (and optionally kernel summaries) as text."""
+
+    def __init__(self, ranks: int, targets: int, kernel_text: list[bytes]):
+        self.topology = topology_for(ranks)
+        coords = self.topology.coords()
+        self.templates = exporter_templates()
+        self.started = time.time()
+        rng = np.random.default_rng(0)
+        self.speed = np.exp(rng.normal(0, 0.01, ranks))
+        self.groups = np.array_split(np.arange(ranks), targets)
+        self.kernel_text = kernel_text
+        self.prefixes = []
+        for members in self.groups:
+            ident = [",".join(['job="bench"', f'rank="{r}"', f'host="node-{r // 8}"',
+                               *(f'{a}="{coords[r, i]}"' for i, a in enumerate(AXES))])
+                     for r in members.tolist()]
+            per_template = []
+            for _kind, name, extra, _key in self.templates:
+                tail = "".join(f',{k}="{v}"' for k, v in extra.items())
+                per_template.append([f"{name}{{{labels}{tail}}} " for labels in ident])
+            self.prefixes.append(per_template)
+
+    def values(self, name: str, extra: dict, members: np.ndarray, now: float) -> np.ndarray:
+        """Each member rank's value of one series at ``now``."""
+        steps = np.floor((now - self.started) / STEP_S) + 100
+        phase = extra.get("phase")
+        slow = np.where(members == SLOW_RANK, 2.0, 1.0) if phase == "mlp" else 1.0
+        speed = self.speed[members]
+        if phase is not None:
+            seconds = PHASES[phase] * speed * slow
+            if name == "argus_phase_seconds_total":
+                return seconds * steps
+            return seconds * {"min": 0.98, "median": 1.0, "max": 1.03}[extra["stat"]]
+        step = sum(PHASES.values()) * 1.05
+        table = {"argus_steps_total": np.full(len(members), steps),
+                 "argus_step_seconds_total": step * steps * np.ones(len(members)),
+                 "argus_step_gpu_seconds_total": sum(PHASES.values()) * steps * speed}
+        if name in table:
+            return table[name]
+        if name == "argus_step_window_seconds":
+            return step * {"min": 0.99, "median": 1.0, "max": 1.02}[extra["stat"]] * \
+                np.ones(len(members))
+        if name == "argus_exporter_probe_up":
+            return np.ones(len(members))
+        return np.zeros(len(members))  # health counters and gauges of a quiet exporter
+
+    def render(self, target: int) -> bytes:
+        """The /metrics text of one target (a slice of the ranks)."""
+        now = time.time()
+        members = self.groups[target]
+        lines = []
+        typed = set()
+        for (kind, name, extra, _), prefixes in zip(self.templates, self.prefixes[target],
+                                                   strict=True):
+            family = name.removesuffix("_total") if kind == "counter" else name
+            if family not in typed:
+                typed.add(family)
+                lines.append(f"# TYPE {family} {kind}")
+            values = self.values(name, extra, members, now).tolist()
+            lines.extend(map("".join, zip(prefixes, map(repr, values), strict=True)))
+        body = ("\n".join(lines) + "\n").encode()
+        return body + (self.kernel_text[target] if target < len(self.kernel_text) else b"")
+
+
+def serve(cluster: SyntheticCluster) -> tuple[ThreadingHTTPServer, int]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            target = int(self.path.strip("/").split("/")[-1])
+            body = cluster.render(target)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    port = free_port()
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, port
+
+
+def kernel_exposition(ranks: int, kernels: int, targets: int) -> list[bytes]:
+    """The processors' kernel-summary exposition, split like the exporter targets."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    if kernels == 0:
+        return []
+    summary = synthetic_summaries(ranks, kernels, slow={SLOW_RANK: 2.0})
+    parts = []
+    for members in np.array_split(np.arange(ranks), targets):
+        part = summary.take(np.isin(summary.rank, members))
+
+        class Collector:
+            def collect(self, part=part):
+                yield from summary_families({"bench": part})
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(Collector())
+        parts.append(generate_latest(registry))
+    return parts
+
+
+def query(url: str, expr: str, timeout: float = 120) -> tuple[list[dict], float]:
+    body = urllib.parse.urlencode({"query": expr}).encode()
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(f"{url}/api/v1/query", data=body, timeout=timeout) as r:
+        data = orjson.loads(r.read())
+    return data["data"]["result"], time.perf_counter() - t0
+
+
+def group_intervals(rules: RulesConfig) -> dict[str, float]:
+    """Rule group name -> its evaluation interval (seconds)."""
+    from argus_core.rules.config import parse_duration
+
+    return {g["name"]: parse_duration(g["interval"])
+            for g in (*recording_groups(rules), *alert_groups(rules))}
+
+
+def rule_durations(url: str) -> dict[str, float]:
+    result, _ = query(url, "prometheus_rule_group_last_duration_seconds")
+    return {r["metric"]["rule_group"].split(";")[-1]: float(r["value"][1]) for r in result}
+
+
+def missed(url: str) -> float:
+    result, _ = query(url, "sum(prometheus_rule_group_iterations_missed_total)")
+    return float(result[0]["value"][1]) if result else 0.0
+
+
+def api_answers(summary) -> tuple[bytes, bytes]:
+    """Prometheus's instant-query answers (executions; both quantiles) for the summaries,
+    written as Prometheus writes them (built as text: a dict per row would not fit)."""
+    ts = f"{time.time():.3f}"
+    names = [json.dumps(n) for n in summary.names]
+    executions, durations = [], []
+    rows = sorted(zip(summary.rank.tolist(), summary.kernel.tolist(), summary.stream.tolist(),
+                      summary.cluster.tolist(), summary.count.tolist(),
+                      summary.p50_ns.tolist(), summary.p99_ns.tolist(), strict=True),
+                  key=lambda r: (str(r[3]), summary.names[r[1]], str(r[0]), str(r[2])))
+    # Prometheus's order: by label values, labels by name (cluster, instance, job, kernel,
+    # [quantile,] rank, stream); the quantiles form two runs.
+    for rank, kernel, stream, cluster, count, p50, p99 in rows:
+        labels = (f'"job":"bench","rank":"{rank}","kernel":{names[kernel]},'
+                  f'"stream":"{stream}","cluster":"{cluster}","instance":"node:9700"')
+        executions.append(f'{{"metric":{{"__name__":"argus_kernel_executions",{labels}}},'
+                          f'"value":[{ts},"{count}"]}}')
+        for q, v in (("0.5", p50), ("0.99", p99)):
+            durations.append((q, f'{{"metric":{{"__name__":"argus_kernel_duration_seconds",'
+                                 f'{labels},"quantile":"{q}"}},"value":[{ts},"{v * 1e-9!r}"]}}'))
+    durations = [text for q, text in durations if q == "0.5"] + \
+        [text for q, text in durations if q == "0.99"]
+
+    def answer(rows: list[str]) -> bytes:
+        return ('{"status":"success","data":{"resultType":"vector","result":['
+                + ",".join(rows) + "]}}").encode()
+
+    return answer(executions), answer(durations)
+
+
+def scorer_compute(ranks: int, kernels: int) -> dict:
+    """Parse and compute time of one scorer round at ``ranks`` x ``kernels``, fetched (as the
+    scorer fetches) one peer set (pipeline stage) at a time."""
+    from argus_core.score.snapshot import concat, no_gc
+
+    summary = synthetic_summaries(ranks, kernels, slow={SLOW_RANK: 2.0})
+    topology = topology_for(ranks)
+    coords = topology.coords()
+    stage = coords[:, AXES.index("pp")]
+    names: dict[str, int] = {}
+    parts, parse_s, rebuild_s, series = [], 0.0, 0.0, 0
+    for position in range(topology.pp):
+        answers = api_answers(summary.take(stage[summary.rank] == position))
+        with no_gc():  # as the scorer decodes (score/snapshot.py)
+            t0 = time.perf_counter()
+            executions, durations = (orjson.loads(a)["data"]["result"] for a in answers)
+            parse_s += time.perf_counter() - t0
+            del answers
+            series += len(executions) + len(durations)
+            t0 = time.perf_counter()
+            parts.append(kernel_summary(executions, durations, 60_000_000_000, names))
+            rebuild_s += time.perf_counter() - t0
+            del executions, durations
+    t0 = time.perf_counter()
+    table = concat(parts, names, 60_000_000_000)
+    snapshot = JobSnapshot("bench", table, {r: tuple(coords[r]) for r in range(ranks)})
+    judgement = judge(snapshot, peer_axis="pp")
+    judge_s = time.perf_counter() - t0
+    flagged = set(judgement.kernels.rank[judgement.kernels.straggler].tolist())
+    return {"scorer_compute_seconds": rebuild_s + judge_s, "scorer_rebuild_seconds": rebuild_s,
+            "scorer_judge_seconds": judge_s, "scorer_parse_seconds": parse_s,
+            "scorer_series": series, "scorer_slow_rank_found": flagged == {SLOW_RANK}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=10_000)
+    parser.add_argument("--targets", type=int, default=10)
+    parser.add_argument("--minutes", type=float, default=5.0)
+    parser.add_argument("--kernels", type=int, default=100,
+                        help="kernels per rank for the scorer's compute (0: skip it)")
+    parser.add_argument("--query-kernels", type=int, default=4)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop Prometheus on the way out
+    if shutil.which("prometheus") is None:
+        sys.exit("prometheus is not installed (apt-get install prometheus)")
+
+    result: dict = {"ranks": args.ranks, "phases": len(PHASES)}
+    if args.kernels:
+        result.update(scorer_compute(args.ranks, args.kernels))
+        result["kernels"] = args.kernels
+
+    rules = RulesConfig()
+    cluster = SyntheticCluster(args.ranks, args.targets,
+                               kernel_exposition(args.ranks, args.query_kernels, args.targets))
+    server, port = serve(cluster)
+    workdir = Path(tempfile.mkdtemp(prefix="argus-rules-scale-"))
+    (workdir / "rules.yml").write_text(to_yaml({"groups": recording_groups(rules)}))
+    (workdir / "alerts.yml").write_text(to_yaml({"groups": alert_groups(rules)}))
+    prom_port = free_port()
+    url = f"http://127.0.0.1:{prom_port}"
+    (workdir / "prometheus.yml").write_text(to_yaml({
+        "global": {"scrape_interval": "15s", "evaluation_interval": "15s",
+                   "scrape_timeout": "14s"},
+        "rule_files": [str(workdir / "rules.yml"), str(workdir / "alerts.yml")],
+        # One scrape job per target (a slice of the ranks on its own path), and Prometheus
+        # itself, whose metrics say how long each rule group took.
+        "scrape_configs": [
+            *({"job_name": f"argus-exporters-{t}", "honor_labels": True,
+               "metrics_path": f"/t/{t}",
+               "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+              for t in range(args.targets)),
+            {"job_name": "prometheus", "scrape_interval": "5s",
+             "static_configs": [{"targets": [f"127.0.0.1:{prom_port}"]}]}]}))
+    with open(workdir / "log", "w") as log:
+        prom = subprocess.Popen(["prometheus", f"--config.file={workdir / 'prometheus.yml'}",
+                                 f"--storage.tsdb.path={workdir / 'data'}",
+                                 f"--web.listen-address=127.0.0.1:{prom_port}"],
+                                stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        sums, amortized, warm = [], [], 150.0
+        intervals = group_intervals(rules)
+        deadline = time.monotonic() + args.minutes * 60
+        started = time.monotonic()
+        while time.monotonic() < deadline:
+            time.sleep(15)
+            try:
+                durations = rule_durations(url)
+            except OSError:
+                continue
+            if time.monotonic() - started >= warm and durations:
+                sums.append(sum(durations.values()))
+                amortized.append(sum(d * 15.0 / intervals.get(g, 15.0)
+                                     for g, d in durations.items()))
+                last = durations
+        count_s = sorted(query(url, 'count(argus_phase_window_seconds{stat="median"})')[1]
+                         for _ in range(3))[1]
+        series = query(url, "prometheus_tsdb_head_series")[0][0]["value"][1]
+        from argus_core.score.prometheus import PrometheusAPI
+        from argus_core.score.snapshot import fetch_job
+
+        api = PrometheusAPI(url, timeout_s=300)
+        t0 = time.perf_counter()
+        snapshot = fetch_job(api, "bench", "", 60.0, "2m")
+        query_s = time.perf_counter() - t0
+        result.update({
+            "rule_eval_seconds": max(sums) if sums else float("nan"),
+            "rule_eval_seconds_median": float(np.median(sums)) if sums else float("nan"),
+            "rule_eval_seconds_per_15s": max(amortized) if amortized else float("nan"),
+            "evaluations_sampled": len(sums),
+            "missed_iterations": missed(url),
+            "groups": {g: round(d, 3) for g, d in sorted(last.items(), key=lambda kv: -kv[1])}
+            if sums else {},
+            "baseline_count_seconds": count_s,
+            "ratio_to_count_baseline": (max(sums) / count_s) if sums else float("nan"),
+            "head_series": int(series),
+            "scorer_query_seconds": query_s,
+            "scorer_fetched_series": api.series_fetched,
+            "scorer_query_kernels": args.query_kernels,
+            "scorer_query_ranks_with_summaries": len(np.unique(snapshot.summary.rank)),
+        })
+        alerts, _ = query(url, 'ALERTS{alertstate="firing"}')
+        result["alerts_firing"] = sorted({f"{a['metric']['alertname']}:{a['metric'].get('rank')}"
+                                          for a in alerts})
+    finally:
+        prom.send_signal(signal.SIGTERM)
+        prom.wait(60)
+        server.shutdown()
+        shutil.rmtree(workdir, ignore_errors=True)
+    report(result, args.json)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""The rules agree with the core: for the paper's five cases, a healthy run and random fault
+specs, a promtool test generated from the simulated job (exporter metrics sampled as scrapes)
+expects exactly the alerts that the core's L1/L2 findings imply, and passes.
+
+Random specs draw a topology and one fault (compute, link or stall) per seed; a spec whose
+effect sits within a band around a threshold (iteration shift near ``min_regression``, an L2
+ratio near ``min_ratio``) is redrawn: there the core's whole-run estimators and the rules'
+causal windows may legitimately decide differently. ``ARGUS_AGREEMENT_SEEDS=N`` runs N seeds
+(CI runs a few)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from promtools import promtool_test
+
+from argus_core.rules.scenarios import stretched, write_scenario
+from argus_core.simulate.cases import CASES
+from argus_core.simulate.faults import parse_fault
+from argus_core.simulate.model import SimConfig
+from argus_core.topology import Topology, axis_groups
+
+SEEDS = int(os.environ.get("ARGUS_AGREEMENT_SEEDS", "2"))
+COMPUTE_PHASES = ("attention", "mlp", "backward", "optimizer")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_rules_agree_with_the_core_on_the_papers_cases(name, tmp_path):
+    path, expected = write_scenario(stretched(CASES[name], 4), tmp_path)
+    assert not expected.borderline, expected.borderline
+    result = promtool_test(path)
+    assert result.returncode == 0, f"core found {expected}; promtool:\n{result.stdout[-4000:]}"
+
+
+def random_spec(rng: np.random.Generator) -> tuple[Topology, str]:
+    """A topology and one fault spec in ``argus simulate --fault`` syntax."""
+    topology = Topology(dp=int(rng.choice([4, 6, 8])), tp=int(rng.choice([1, 2])),
+                        pp=int(rng.choice([1, 2])))
+    world = topology.world_size
+    kind = rng.choice(["compute", "stall", "link"])
+    start = int(rng.integers(50, 80))
+    if kind == "compute":
+        phases = rng.choice(COMPUTE_PHASES, size=int(rng.integers(1, 3)), replace=False)
+        spec = ",".join(f"{p}*{rng.uniform(2, 6):.2f}" for p in phases)
+        return topology, f"compute:ranks={rng.integers(world)}:phases={spec}:from={start}"
+    if kind == "stall":
+        steps = sorted({int(s) for s in rng.integers(50, 120, size=int(rng.integers(1, 3)))})
+        return topology, (f"stall:ranks={rng.integers(world)}:steps="
+                          f"{','.join(map(str, steps))}:seconds={rng.uniform(1, 3):.2f}")
+    axes = [a for a in ("dp", "tp", "pp") if getattr(topology, a) > 1]
+    axis = str(rng.choice(axes))
+    groups = axis_groups(topology.coords(), axis)
+    members = np.flatnonzero(groups == rng.integers(groups.max() + 1))
+    return topology, (f"link:ranks={','.join(map(str, members))}:axis={axis}:"
+                      f"factor={rng.uniform(3, 8):.2f}:from={start}")
+
+
+@pytest.mark.parametrize("seed", range(SEEDS))
+def test_rules_agree_with_the_core_on_random_faults(seed, tmp_path):
+    rng = np.random.default_rng(1000 + seed)
+    for attempt in range(20):
+        topology, spec = random_spec(rng)
+        config = SimConfig(job=f"random-{seed}", topology=topology,
+                           faults=(parse_fault(spec),), seed=seed * 100 + attempt)
+        path, expected = write_scenario(config, tmp_path)
+        if not expected.borderline:
+            break
+    else:
+        pytest.fail("no spec away from every threshold in 20 draws")
+    result = promtool_test(path)
+    assert result.returncode == 0, (f"{topology} {spec}: core found {expected}; promtool:\n"
+                                    f"{result.stdout[-4000:]}")

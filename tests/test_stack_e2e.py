@@ -1,0 +1,175 @@
+"""End to end, against the real binaries: ``argus stack up`` with four live simulated jobs
+(a compute straggler, a degraded link, host stalls and a healthy job) at time scale 15.
+
+What reaches Alertmanager's webhook (DIR/alerts.ndjson): ArgusStragglerRank for the straggler
+within ``PAGE_BOUND_S`` of its onset; ArgusKernelStraggler for the degraded ranks only;
+ArgusHostStall for the stalled rank only; ArgusProcessorDown when the processor is killed; and
+nothing for the healthy job, nor anything new when Prometheus is stopped and restarted
+mid-run. ``argus stack down`` leaves nothing running."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from promtools import binary
+
+from argus_core.rules.alerts import FAIL_SLOW
+from argus_core.stack.stack import Stack
+
+PAGE_BOUND_S = 90.0  # fault onset -> ArgusStragglerRank at the webhook (README; ~45 s measured)
+JOBS = ("compute-straggler", "link-degradation", "jit-stall", "healthy")
+
+
+def argus(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """The real command line, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "argus_core.cli", *args], text=True,
+                          capture_output=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    for name in ("prometheus", "prometheus-alertmanager"):
+        binary(name)
+    workdir = tmp_path_factory.mktemp("stack")
+    simulate = [arg for job in JOBS for arg in ("--simulate", job)]
+    result = argus("stack", "up", "--workdir", str(workdir), *simulate)
+    assert result.returncode == 0, result.stderr
+    loaded = Stack.load(workdir)
+    yield loaded
+    if (workdir / "stack.json").exists():  # a test failed before the one that stops it
+        argus("stack", "down", "--workdir", str(workdir))
+
+
+def firing(stack: Stack) -> list[tuple[float, dict]]:
+    """(received_at, labels) of every firing alert in every notification so far."""
+    path = Path(stack.urls["alerts"])
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        note = json.loads(line)
+        out += [(note["received_at"], alert["labels"]) for alert in note["alerts"]
+                if alert["status"] == "firing"]
+    return out
+
+
+def wait_for(stack: Stack, what: str, match, timeout: float) -> tuple[float, dict]:
+    """The first firing alert for which ``match(labels)`` holds, polling the webhook log."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        hits = [(t, labels) for t, labels in firing(stack) if match(labels)]
+        if hits:
+            return min(hits, key=lambda hit: hit[0])
+        time.sleep(0.5)
+    seen = sorted({(lab["alertname"], lab.get("job"), lab.get("rank"))
+                   for _, lab in firing(stack)}, key=str)
+    raise AssertionError(f"no {what} within {timeout:g} s; the webhook got {seen}")
+
+
+def onset(stack: Stack, job: str) -> float:
+    """When the live job's first fault began (unix seconds), from its announcement."""
+    log = Path(stack.process(f"live-{job}").log).read_text()
+    return float(re.search(r"begins at step \d+, at about ([\d.]+)", log).group(1))
+
+
+def is_alert(name: str, job: str):
+    return lambda labels: labels["alertname"] == name and labels.get("job") == job
+
+
+def test_status_prints_the_five_endpoints(stack):
+    result = argus("stack", "status", "--workdir", str(stack.workdir), "--json")
+    assert result.returncode == 0, result.stderr
+    urls = json.loads(result.stdout)
+    assert set(urls) == {"prometheus", "alertmanager", "processor", "scorer", "s3"}
+    assert all(url.startswith("http://127.0.0.1:") for url in urls.values())
+
+
+def test_compute_straggler_pages_within_the_bound(stack):
+    at, labels = wait_for(stack, "ArgusStragglerRank for the straggler",
+                          is_alert("ArgusStragglerRank", "compute-straggler"),
+                          timeout=onset(stack, "compute-straggler") + PAGE_BOUND_S
+                          - time.time() + 5)
+    assert labels["rank"] == "5" and labels["phase"] in ("attention", "mlp")
+    assert labels["severity"] == "critical" and labels["level"] == "L2"
+    latency = at - onset(stack, "compute-straggler")
+    print(f"\nArgusStragglerRank reached the webhook {latency:.1f} s after the fault began")
+    assert latency <= PAGE_BOUND_S
+
+
+def test_link_degradation_flags_the_degraded_ranks_only(stack):
+    wait_for(stack, "ArgusKernelStraggler on the degraded link",
+             is_alert("ArgusKernelStraggler", "link-degradation"), timeout=90)
+    time.sleep(10)  # let the rest of the group's notifications arrive
+    ranks = {labels["rank"] for _, labels in firing(stack)
+             if is_alert("ArgusKernelStraggler", "link-degradation")(labels)}
+    assert ranks == {"4", "5", "6", "7"}
+    kernels = {labels["kernel"] for _, labels in firing(stack)
+               if is_alert("ArgusKernelStraggler", "link-degradation")(labels)}
+    assert all(re.search("AllGather|ReduceScatter", k) for k in kernels), kernels
+
+
+def test_host_stalls_name_the_stalled_rank(stack):
+    wait_for(stack, "ArgusHostStall", is_alert("ArgusHostStall", "jit-stall"), timeout=90)
+    ranks = {labels["rank"] for _, labels in firing(stack)
+             if is_alert("ArgusHostStall", "jit-stall")(labels)}
+    assert ranks == {"3"}
+
+
+def _unexpected(stack: Stack, since: float) -> list[tuple]:
+    """Fail-slow alerts fired after ``since`` that no injected fault explains."""
+    expected = {
+        "compute-straggler": {"ArgusStragglerRank", "ArgusKernelStraggler",
+                              "ArgusIterationRegression", "ArgusIterationSpike"},
+        "link-degradation": {"ArgusKernelStraggler"},
+        "jit-stall": {"ArgusHostStall", "ArgusIterationSpike"},
+        "healthy": set(),
+    }
+    return sorted({(labels["alertname"], labels.get("job"), labels.get("rank"))
+                   for t, labels in firing(stack) if t > since
+                   and labels["alertname"] in FAIL_SLOW
+                   and labels["alertname"] not in expected.get(labels.get("job"), set())},
+                  key=str)
+
+
+def test_prometheus_restart_raises_no_false_alert(stack):
+    before = time.time()
+    prometheus = stack.process("prometheus")
+    assert prometheus.stop()
+    time.sleep(5)  # five scrape and evaluation intervals missed
+    stack.restart("prometheus")
+    time.sleep(20)  # longer than the scaled `for` of every fail-slow alert but the regression
+    assert not _unexpected(stack, before)
+    pipeline = {labels["alertname"] for t, labels in firing(stack) if t > before
+                and labels.get("level") == "pipeline"}
+    assert not pipeline & {"ArgusScorerStale", "ArgusExporterDown", "ArgusProcessorDown"}
+
+
+def test_killing_the_processor_raises_the_pipeline_alert(stack):
+    before = time.time()
+    stack.process("processor").signal(9)
+    try:
+        at, labels = wait_for(stack, "ArgusProcessorDown",
+                              lambda lab: lab["alertname"] == "ArgusProcessorDown", timeout=60)
+        assert labels["level"] == "pipeline" and at > before
+    finally:
+        stack.restart("processor")
+
+
+def test_the_healthy_job_raised_nothing(stack):
+    assert not [labels for _, labels in firing(stack) if labels.get("job") == "healthy"]
+    assert not _unexpected(stack, 0)
+
+
+def test_down_leaves_nothing_running(stack):
+    started = Stack.load(stack.workdir).processes
+    assert {p.name for p in started} == {"s3", "processor", "webhook", "alertmanager",
+                                         "scorer", "prometheus", *(f"live-{j}" for j in JOBS)}
+    assert all(p.running for p in started)
+    result = argus("stack", "down", "--workdir", str(stack.workdir))
+    assert result.returncode == 0, result.stderr
+    assert not [p.name for p in started if p.running]
+    assert argus("stack", "status", "--workdir", str(stack.workdir)).returncode == 2
