@@ -12,7 +12,7 @@ from backports import zstd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from argus_core.processor.ingest import BodyError, decode_body, parse_body
+from argus_core.processor.ingest import MAX_MEMBERS, BodyError, decode_body, parse_body
 from argus_core.processor.windows import WindowStore
 from argus_core.schema import parse_record
 
@@ -47,6 +47,38 @@ def test_multi_member_gzip_is_read_whole():
     with pytest.raises(BodyError) as exc:  # the cap holds across members
         decode_body(body, "gzip", len(first) + 10)
     assert exc.value.status == 413
+
+
+def test_multi_frame_zstd_is_read_whole():
+    """A zstd stream of several frames (and a skippable frame) is read whole, not just its
+    first frame (which used to be answered 200 with the later frames silently dropped)."""
+    first, second = ndjson(kernels()), ndjson(kernels(start=W))
+    skippable = b"\x50\x2a\x4d\x18" + (4).to_bytes(4, "little") + b"skip"
+    body = zstd.compress(first) + skippable + zstd.compress(second)
+    assert decode_body(body, "zstd", 1 << 20) == first + second
+    assert len(parse_body(decode_body(body, "", 1 << 20)).records) == 2  # sniffed too
+    with pytest.raises(BodyError) as exc:  # the cap holds across frames
+        decode_body(body, "zstd", len(first) + 10)
+    assert exc.value.status == 413
+    with pytest.raises(BodyError) as exc:  # a frame cut short in transit
+        decode_body(body[:-3], "zstd", 1 << 20)
+    assert exc.value.status == 400
+
+
+@pytest.mark.parametrize("encoding, empty", [("gzip", gzip.compress(b"")),
+                                             ("zstd", zstd.compress(b""))], ids=["gzip", "zstd"])
+def test_bodies_of_too_many_members_are_refused(encoding, empty):
+    """200,000 empty gzip members (4 MB) used to pin the service for 13 s: past the member cap
+    the body is refused with a 413 that names the cap; up to it, every member is read."""
+    good = ndjson(kernels())
+    compress = gzip.compress if encoding == "gzip" else zstd.compress
+    assert decode_body(empty * 999 + compress(good), encoding, 1 << 20, max_members=1000) == good
+    with pytest.raises(BodyError) as exc:
+        decode_body(empty * 1000 + compress(good), encoding, 1 << 20, max_members=1000)
+    assert exc.value.status == 413 and "more than 1000" in exc.value.message
+    with pytest.raises(BodyError) as exc:  # the default cap
+        decode_body(empty * 200_000, encoding, 1 << 20)
+    assert exc.value.status == 413 and f"more than {MAX_MEMBERS}" in exc.value.message
 
 
 def test_decompression_bomb_is_refused():

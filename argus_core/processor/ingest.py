@@ -50,14 +50,26 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
-def decode_body(body: bytes, encoding: str | None, max_bytes: int) -> bytes:
+MAX_MEMBERS = 65_536
+"""Most gzip members or zstd frames one body may hold (Vector sends one; ``cat``-ed spool
+files a few thousand). Beyond it the body is refused before more work is spent on it."""
+_FIRST_FEED = 1024  # compressed bytes given to a new gzip member at first (doubling after)
+_MAX_FEED = 1 << 20
+
+
+def decode_body(body: bytes, encoding: str | None, max_bytes: int,
+                max_members: int = MAX_MEMBERS) -> bytes:
     """Undo Content-Encoding (gzip, zstd, identity; sniffed when unlabelled), at most
-    ``max_bytes`` decompressed: a small compressed body cannot blow up memory."""
+    ``max_bytes`` decompressed: a small compressed body cannot blow up memory.
+
+    Linear in the body's size whatever its number of gzip members or zstd frames (each is
+    read in place), and at most ``max_members`` of them.
+    """
     encoding = (encoding or "").strip().lower()
     if encoding in ("gzip", "x-gzip") or (not encoding and body[:2] == _GZIP_MAGIC):
-        return _inflate(body, max_bytes)
+        return _inflate(body, max_bytes, max_members)
     if encoding == "zstd" or (not encoding and body[:4] == _ZSTD_MAGIC):
-        return _unzstd(body, max_bytes)
+        return _unzstd(body, max_bytes, max_members)
     if encoding not in ("", "identity"):
         raise BodyError(415, f"unsupported Content-Encoding {encoding!r} (gzip, zstd, identity)")
     if len(body) > max_bytes:
@@ -65,41 +77,85 @@ def decode_body(body: bytes, encoding: str | None, max_bytes: int) -> bytes:
     return body
 
 
-def _inflate(body: bytes, max_bytes: int) -> bytes:
-    """Inflate a gzip body of one or more members (``cat a.gz b.gz`` is valid gzip too)."""
+def _too_big(max_bytes: int) -> BodyError:
+    return BodyError(413, f"decompressed body exceeds the limit of {max_bytes} bytes")
+
+
+def _too_many(max_members: int, what: str) -> BodyError:
+    return BodyError(413, f"body holds more than {max_members} {what}")
+
+
+def _inflate(body: bytes, max_bytes: int, max_members: int) -> bytes:
+    """Inflate a gzip body of one or more members (``cat a.gz b.gz`` is valid gzip too).
+
+    Each member is fed from a view of the body in pieces that start small and double, so
+    what zlib copies back as ``unused_data`` at a member's end is at most about the
+    member's own size: the work stays linear in the body, however many members it has.
+    """
+    view = memoryview(body)
     parts: list[bytes] = []
-    size = 0
-    rest = body
-    while True:
+    size = pos = members = 0
+    while pos < len(view):
+        members += 1
+        if members > max_members:
+            raise _too_many(max_members, "gzip members")
         inflater = _zlib.decompressobj(16 + zlib.MAX_WBITS)
-        try:
-            part = inflater.decompress(rest, max_bytes + 1 - size)
-        except _zlib.error as exc:
-            raise BodyError(400, f"body is not valid gzip: {exc}") from None
-        size += len(part)
-        parts.append(part)
-        if size > max_bytes or inflater.unconsumed_tail:
-            raise BodyError(413, f"decompressed body exceeds the limit of {max_bytes} bytes")
-        if not inflater.eof:
-            raise BodyError(400, "body is not valid gzip: truncated")
-        rest = inflater.unused_data
-        if not rest:
-            return parts[0] if len(parts) == 1 else b"".join(parts)
+        feed = _FIRST_FEED
+        while True:
+            piece = view[pos:pos + feed]
+            try:
+                part = inflater.decompress(piece, max_bytes + 1 - size)
+            except _zlib.error as exc:
+                raise BodyError(400, f"body is not valid gzip: {exc}") from None
+            size += len(part)
+            if part:
+                parts.append(part)
+            if size > max_bytes or inflater.unconsumed_tail:
+                raise _too_big(max_bytes)
+            if inflater.eof:
+                pos += len(piece) - len(inflater.unused_data)
+                break
+            pos += len(piece)
+            if pos >= len(view):
+                raise BodyError(400, "body is not valid gzip: truncated")
+            feed = min(feed * 2, _MAX_FEED)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def _unzstd(body: bytes, max_bytes: int) -> bytes:
+def _zstd_module():
     try:
         from compression import zstd  # Python 3.14+
     except ImportError:
         from backports import zstd  # the same module before 3.14 (aiohttp uses it too)
-    decompressor = zstd.ZstdDecompressor()
-    try:
-        data = decompressor.decompress(body, max_length=max_bytes + 1)
-    except zstd.ZstdError as exc:
-        raise BodyError(400, f"body is not valid zstd: {exc}") from None
-    if len(data) > max_bytes or (not decompressor.needs_input and not decompressor.eof):
-        raise BodyError(413, f"decompressed body exceeds the limit of {max_bytes} bytes")
-    return data
+    return zstd
+
+
+def _unzstd(body: bytes, max_bytes: int, max_members: int) -> bytes:
+    """Decompress every zstd frame of a body (a stream of several frames is valid zstd;
+    skippable frames hold no data), each read in place from a view of the body."""
+    zstd = _zstd_module()
+    view = memoryview(body)
+    parts: list[bytes] = []
+    size = pos = frames = 0
+    while pos < len(view):
+        frames += 1
+        if frames > max_members:
+            raise _too_many(max_members, "zstd frames")
+        try:
+            frame = zstd.get_frame_size(view[pos:])
+            decompressor = zstd.ZstdDecompressor()
+            data = decompressor.decompress(view[pos:pos + frame], max_length=max_bytes + 1 - size)
+        except zstd.ZstdError as exc:
+            raise BodyError(400, f"body is not valid zstd: {exc}") from None
+        size += len(data)
+        if size > max_bytes or (not decompressor.needs_input and not decompressor.eof):
+            raise _too_big(max_bytes)
+        if not decompressor.eof:
+            raise BodyError(400, "body is not valid zstd: truncated frame")
+        if data:
+            parts.append(data)
+        pos += frame
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def parse_body(data: bytes) -> IngestResult:
