@@ -10,11 +10,20 @@ from __future__ import annotations
 
 import zlib
 from collections import Counter
+from collections.abc import Callable, Set
 from dataclasses import dataclass, field
 
+import numpy as np
 import orjson
 
-from argus_core.schema import Record, SchemaError, parse_record
+from argus_core.schema import (
+    KernelBatch,
+    Record,
+    SchemaError,
+    StackRecord,
+    StepRecord,
+    parse_record,
+)
 
 
 class BodyError(Exception):
@@ -33,6 +42,7 @@ class IngestResult:
     records: list[Record] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # first MAX_ERRORS messages
     reasons: Counter = field(default_factory=Counter)  # rejected count by field
+    refused: list[int] = field(default_factory=list)  # item numbers (1-based) rejected
 
     @property
     def rejected(self) -> int:
@@ -158,39 +168,88 @@ def _unzstd(body: bytes, max_bytes: int, max_members: int) -> bytes:
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def parse_body(data: bytes) -> IngestResult:
-    """Validate every record of an NDJSON or JSON-array body."""
+@dataclass(frozen=True)
+class ClockBounds:
+    """Record times must lie within ``max_age_ns`` before and ``max_skew_ns`` after ``now_ns``
+    (the processor's clock): a kernel stamped an hour ahead (a clock glitch) is refused, naming
+    the field, instead of silencing its rank."""
+
+    now_ns: int
+    max_skew_ns: int
+    max_age_ns: int
+
+    def check(self, record: Record) -> None:
+        """Raise SchemaError naming the first time outside the bounds."""
+        if isinstance(record, KernelBatch):
+            if len(record.start_ns) == 0:
+                return
+            self._check_times(record.start_ns, "start_ns")
+        elif isinstance(record, StepRecord | StackRecord):
+            self._check_times(np.array([record.t_ns], dtype=np.int64), "t_ns", scalar=True)
+
+    def _check_times(self, times: np.ndarray, name: str, scalar: bool = False) -> None:
+        latest, earliest = self.now_ns + self.max_skew_ns, self.now_ns - self.max_age_ns
+        for bad, limit, words in ((times > latest, self.max_skew_ns, "ahead of"),
+                                  (times < earliest, self.max_age_ns, "behind")):
+            if not bad.any():
+                continue
+            i = int(np.argmax(bad))
+            off = abs(int(times[i]) - self.now_ns) / 1e9
+            where = name if scalar else f"{name}[{i}]"
+            raise SchemaError(where, f"{off:.0f} s {words} the processor's clock (more than "
+                                     f"{limit / 1e9:.0f} s; check the host's clock)")
+
+
+def parse_body(data: bytes, *, check: Callable[[Record], None] | None = None,
+               skip: Set[int] = frozenset()) -> IngestResult:
+    """Validate every record of an NDJSON or JSON-array body.
+
+    ``check`` is a further test of each valid record (it raises SchemaError to refuse one);
+    items whose number is in ``skip`` are passed over unread (a log replay leaves out what
+    was refused when the body first came in).
+    """
     result = IngestResult()
     stripped = data.lstrip()
     if stripped[:1] == b"[":
         try:
             items = orjson.loads(stripped)
         except orjson.JSONDecodeError as exc:
-            _reject(result, "body", "json", f"malformed JSON array: {exc}")
+            _reject(result, 1, "body", "json", f"malformed JSON array: {exc}")
+            return result
+        if not isinstance(items, list):
+            _reject(result, 1, "body", "json", "expected a JSON array of records")
             return result
         for number, item in enumerate(items, start=1):
-            _accept(result, f"item {number}", item)
+            if number not in skip:
+                _accept(result, number, f"item {number}", item, check)
         return result
     for number, line in enumerate(data.split(b"\n"), start=1):
-        if not line.strip():
+        if number in skip or not line.strip():
             continue
         try:
             item = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
-            _reject(result, f"line {number}", "json", f"malformed JSON: {exc}")
+            _reject(result, number, f"line {number}", "json", f"malformed JSON: {exc}")
             continue
-        _accept(result, f"line {number}", item)
+        _accept(result, number, f"line {number}", item, check)
     return result
 
 
-def _accept(result: IngestResult, where: str, item: object) -> None:
+def _accept(result: IngestResult, number: int, where: str, item: object,
+            check: Callable[[Record], None] | None) -> None:
     try:
-        result.records.append(parse_record(item))
+        record = parse_record(item)
+        if check is not None:
+            check(record)
     except SchemaError as exc:
-        _reject(result, where, exc.field, exc.message)
+        _reject(result, number, where, exc.field, exc.message)
+        return
+    result.records.append(record)
 
 
-def _reject(result: IngestResult, where: str, field_name: str, message: str) -> None:
+def _reject(result: IngestResult, number: int, where: str, field_name: str,
+            message: str) -> None:
+    result.refused.append(number)
     result.reasons[field_name.split("[")[0].split(".")[0]] += 1
     if len(result.errors) < MAX_ERRORS:
         result.errors.append(f"{where}: {field_name}: {message}")
