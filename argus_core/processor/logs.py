@@ -19,8 +19,10 @@ LOG_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 class RateLimit(logging.Filter):
     """A logging filter: at most ``burst`` records per ``interval_s`` for each kind of record."""
 
-    def __init__(self, interval_s: float = 10.0, burst: int = 5, max_keys: int = 10_000):
+    def __init__(self, interval_s: float = 10.0, burst: int = 5, max_keys: int = 10_000,
+                 clock=time.monotonic):
         super().__init__()
+        self.clock = clock
         self.interval_s = interval_s
         self.burst = burst
         self.max_keys = max_keys
@@ -32,7 +34,7 @@ class RateLimit(logging.Filter):
         """Pass or hold one record."""
         exc = record.exc_info[0].__name__ if record.exc_info and record.exc_info[0] else ""
         key = (record.name, record.levelno, str(record.msg)[:200], exc)
-        now = time.monotonic()
+        now = self.clock()
         with self._lock:
             slot = self._seen.get(key)
             if slot is None or now - slot[0] >= self.interval_s:

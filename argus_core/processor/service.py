@@ -107,9 +107,8 @@ async def _records(request: web.Request) -> web.Response:
                                      headers={"Connection": "close"})
         except BodyTimeoutError as exc:
             processor.count_rejected("body")
-            request.protocol.force_close()
-            return web.json_response({"error": str(exc)}, status=408,
-                                     headers={"Connection": "close"})
+            return await _answer_and_close(request, web.json_response(
+                {"error": str(exc)}, status=408, headers={"Connection": "close"}))
         if len(body) > reserved:  # no (or a wrong) Content-Length: count what did arrive
             processor.hold(len(body) - reserved)
             reserved = len(body)
@@ -129,6 +128,15 @@ async def _records(request: web.Request) -> web.Response:
         processor.unreserve(reserved)
     headers = {"Retry-After": str(processor.config.retry_after_s)} if answer.retry else None
     return web.json_response(answer.body, status=answer.status, headers=headers)
+
+
+async def _answer_and_close(request: web.Request, response: web.Response) -> web.Response:
+    """Send ``response`` now and drop the connection (no lingering for the rest of a body
+    that a stalled client will never send)."""
+    await response.prepare(request)
+    await response.write_eof()
+    request.protocol.force_close()
+    return response
 
 
 async def _healthy(request: web.Request) -> web.Response:
