@@ -442,10 +442,9 @@ class Processor:
             return
         self.close_due()
         with self._lock:
-            for key in self.windows.expire(self.config.state_ttl_s, self.config.max_ranks):
-                kept = self.latest.pop(key, None)
-                if kept is not None:
-                    self.summary_bytes -= _summary_bytes(kept[1])
+            self.windows.expire(self.config.state_ttl_s, self.config.max_ranks)
+            for key in [key for key in self.latest if key not in self.windows.ranks]:
+                self.summary_bytes -= _summary_bytes(self.latest.pop(key)[1])
             if self.wal is not None and self.wal.should_roll():
                 self.roll()
         self.retire_segments()
@@ -460,9 +459,9 @@ class Processor:
         log holding only the ranks' state (their identities survive a restart)."""
         self.draining = True
         self.recovered.wait(timeout)
+        self.intake.shutdown(wait=True)  # bodies being parsed still reach their windows
         for future in self.close_due(everything=True):
             future.result(timeout)
-        self.intake.shutdown(wait=True)
         self._writer.shutdown(wait=True)
         flushed = self.uploader.flush(timeout)
         self.uploader.close(timeout)

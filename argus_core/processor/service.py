@@ -114,9 +114,14 @@ async def _records(request: web.Request) -> web.Response:
             reserved = len(body)
         with guard.serving(request.protocol):
             # Decoding and parsing run on an intake thread: the loop keeps serving.
-            answer = await asyncio.get_running_loop().run_in_executor(
-                processor.intake, processor.ingest, body,
-                request.headers.get("Content-Encoding"))
+            try:
+                answer = await asyncio.get_running_loop().run_in_executor(
+                    processor.intake, processor.ingest, body,
+                    request.headers.get("Content-Encoding"))
+            except RuntimeError:  # intake shut down under us: the drain has begun
+                return web.json_response({"error": "busy (shutting down); retry later"},
+                                         status=503, headers={
+                                             "Retry-After": str(processor.config.retry_after_s)})
             if answer.durable is not None:
                 try:
                     await asyncio.wrap_future(answer.durable)
