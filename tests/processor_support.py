@@ -5,6 +5,7 @@ service in-process on a real loopback port (``run``) or as its own process
 from __future__ import annotations
 
 import asyncio
+import atexit
 import gzip
 import os
 import subprocess
@@ -120,6 +121,17 @@ def post(client, body: bytes, **headers):
                                 "Content-Encoding": "gzip", **headers})
 
 
+_STARTED: list[subprocess.Popen] = []
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    """A test that failed midway must not leave its processor running after the session."""
+    for proc in _STARTED:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def start_processor(tmp_path: Path, store: str, env: dict | None = None, *args: str) -> tuple:
     """``argus processor`` as its own process; returns (process, port) once it has replayed
     its log and takes records."""
@@ -129,6 +141,7 @@ def start_processor(tmp_path: Path, store: str, env: dict | None = None, *args: 
          "--store", store, "--spool", str(tmp_path / "spool"), "--window", "60",
          "--grace", "1", *args], env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT)
+    _STARTED.append(proc)
     deadline = time.time() + 60
     while time.time() < deadline:
         if proc.poll() is not None:
