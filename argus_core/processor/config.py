@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from argus_core.processor.ingest import MAX_MEMBERS
-from argus_core.processor.store import DEFAULT_MAX_SPOOL_BYTES
+DEFAULT_MAX_SPOOL_BYTES = 4 << 30
+"""Upload spool cap for a processor host (4 GiB, as ``--spool-max-mb`` defaults)."""
+MAX_MEMBERS = 65_536
+"""Most gzip members or zstd frames one body may hold (Vector sends one; ``cat``-ed spool
+files a few thousand). Beyond it the body is refused before more work is spent on it."""
 
 DURABILITY = ("fsync", "write", "memory")
 """``fsync``: a 2xx waits until the records' log entry is fsynced (nothing acknowledged is lost

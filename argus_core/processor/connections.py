@@ -22,7 +22,7 @@ import resource
 import time
 from typing import Any
 
-from aiohttp import web
+from aiohttp import ClientConnectionError, web
 
 logger = logging.getLogger("argus_core.processor")
 
@@ -36,6 +36,10 @@ class BodyTimeoutError(Exception):
 
 class BodyTooLargeError(Exception):
     """The request body exceeds the limit."""
+
+
+class ClientGoneError(Exception):
+    """The client closed the connection (or was evicted) before its body arrived."""
 
 
 class ConnectionGuard:
@@ -134,6 +138,8 @@ async def read_body(request: web.Request, max_bytes: int, read_timeout_s: float,
             piece = await asyncio.wait_for(request.content.readany(), read_timeout_s)
         except TimeoutError:
             raise BodyTimeoutError(f"no request body bytes for {read_timeout_s:g} s") from None
+        except (ConnectionError, ClientConnectionError) as exc:
+            raise ClientGoneError(str(exc) or type(exc).__name__) from None
         if not piece:
             break
         size += len(piece)

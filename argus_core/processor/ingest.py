@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 
+from argus_core.processor.config import MAX_MEMBERS
 from argus_core.schema import (
     KernelBatch,
     Record,
@@ -60,9 +61,6 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
-MAX_MEMBERS = 65_536
-"""Most gzip members or zstd frames one body may hold (Vector sends one; ``cat``-ed spool
-files a few thousand). Beyond it the body is refused before more work is spent on it."""
 _FIRST_FEED = 1024  # compressed bytes given to a new gzip member at first (doubling after)
 _MAX_FEED = 1 << 20
 

@@ -24,6 +24,7 @@ from argus_core.processor.config import ProcessorConfig
 from argus_core.processor.connections import (
     BodyTimeoutError,
     BodyTooLargeError,
+    ClientGoneError,
     ConnectionGuard,
     read_body,
 )
@@ -105,6 +106,9 @@ async def _records(request: web.Request) -> web.Response:
             processor.count_rejected("body")
             return web.json_response({"error": str(exc)}, status=413,
                                      headers={"Connection": "close"})
+        except ClientGoneError:  # nobody is left to answer; not an error of ours
+            processor.count_rejected("body")
+            return web.Response(status=499)
         except BodyTimeoutError as exc:
             processor.count_rejected("body")
             return await _answer_and_close(request, web.json_response(

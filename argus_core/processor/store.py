@@ -51,8 +51,6 @@ STORE_ENV = "ARGUS_STORE"
 """Environment variable naming the trace store URL (processor and ``argus traces``)."""
 DEFAULT_STORE_URL = "file:///var/lib/argus/traces"
 """Where traces go when ``ARGUS_STORE`` is not set: a local directory on the processor host."""
-DEFAULT_MAX_SPOOL_BYTES = 4 << 30
-"""Spool cap for a processor host (4 GiB, as ``argus processor --spool-max-mb`` defaults)."""
 SUFFIX = ".pftrace.gz"
 MAX_JOB_SEGMENT = 128
 S3_CONNECT_TIMEOUT_S = 3.0
