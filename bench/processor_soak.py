@@ -52,15 +52,10 @@ from pathlib import Path
 import numpy as np
 import orjson
 from _report import report
+from processor import free_port
 
 NAMES = [f"sm90_xmma_gemm_{i}" for i in range(24)] + [f"ncclDevKernel_AllReduce_{i}"
                                                       for i in range(4)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Processor:

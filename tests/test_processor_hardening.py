@@ -375,15 +375,15 @@ def test_repeated_log_messages_are_rate_limited():
 
 
 def test_the_service_logs_through_the_rate_limit():
-    """``argus processor`` puts every log handler behind the rate limit."""
-    root = logging.getLogger()
-    handler = logging.StreamHandler()
-    root.addHandler(handler)
-    try:
-        limit = configure_logging()
-        assert limit in handler.filters
-    finally:
-        root.removeHandler(handler)
+    """``argus processor`` puts every log handler behind the rate limit (a fresh logger stands
+    in for the root one here, so the test leaves pytest's own handlers alone)."""
+    root = logging.Logger("stand-in-root")
+    limit = configure_logging(root=root)
+    (handler,) = root.handlers
+    assert limit in handler.filters and root.level == logging.INFO
+    other = logging.StreamHandler()
+    root.addHandler(other)
+    assert configure_logging(limit=limit, root=root) is limit and limit in other.filters
 
 
 # --------------------------------------------------------------------------- small ones (item 10)

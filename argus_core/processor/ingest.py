@@ -93,41 +93,57 @@ def _too_many(max_members: int, what: str) -> BodyError:
     return BodyError(413, f"body holds more than {max_members} {what}")
 
 
-def _inflate(body: bytes, max_bytes: int, max_members: int) -> bytes:
-    """Inflate a gzip body of one or more members (``cat a.gz b.gz`` is valid gzip too).
+def _members(body: bytes, max_bytes: int, max_members: int, what: str, member) -> bytes:
+    """Decode a body of consecutive members (gzip members, zstd frames), each read in place.
 
-    Each member is fed from a view of the body in pieces that start small and double, so
-    what zlib copies back as ``unused_data`` at a member's end is at most about the
-    member's own size: the work stays linear in the body, however many members it has.
+    ``member(view, pos, room)`` decodes the member starting at ``pos`` into at most ``room``
+    bytes and returns (its bytes, where the next member starts). At most ``max_members`` of
+    them and ``max_bytes`` in all, else 413.
     """
     view = memoryview(body)
     parts: list[bytes] = []
-    size = pos = members = 0
+    size = pos = count = 0
     while pos < len(view):
-        members += 1
-        if members > max_members:
-            raise _too_many(max_members, "gzip members")
-        inflater = _zlib.decompressobj(16 + zlib.MAX_WBITS)
-        feed = _FIRST_FEED
-        while True:
-            piece = view[pos:pos + feed]
-            try:
-                part = inflater.decompress(piece, max_bytes + 1 - size)
-            except _zlib.error as exc:
-                raise BodyError(400, f"body is not valid gzip: {exc}") from None
-            size += len(part)
-            if part:
-                parts.append(part)
-            if size > max_bytes or inflater.unconsumed_tail:
-                raise _too_big(max_bytes)
-            if inflater.eof:
-                pos += len(piece) - len(inflater.unused_data)
-                break
-            pos += len(piece)
-            if pos >= len(view):
-                raise BodyError(400, "body is not valid gzip: truncated")
-            feed = min(feed * 2, _MAX_FEED)
+        count += 1
+        if count > max_members:
+            raise _too_many(max_members, what)
+        data, pos = member(view, pos, max_bytes + 1 - size)
+        size += len(data)
+        if size > max_bytes:
+            raise _too_big(max_bytes)
+        if data:
+            parts.append(data)
     return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _inflate(body: bytes, max_bytes: int, max_members: int) -> bytes:
+    """Inflate a gzip body of one or more members (``cat a.gz b.gz`` is valid gzip too)."""
+    return _members(body, max_bytes, max_members, "gzip members", _gzip_member)
+
+
+def _gzip_member(view: memoryview, pos: int, room: int) -> tuple[bytes, int]:
+    """One gzip member, fed from the view in pieces that start small and double: what zlib
+    copies back as ``unused_data`` at its end is at most about the member's own size, so the
+    work stays linear in the body however many members it has."""
+    inflater = _zlib.decompressobj(16 + zlib.MAX_WBITS)
+    parts = []
+    feed = _FIRST_FEED
+    while True:
+        piece = view[pos:pos + feed]
+        try:
+            part = inflater.decompress(piece, room)
+        except _zlib.error as exc:
+            raise BodyError(400, f"body is not valid gzip: {exc}") from None
+        room -= len(part)
+        parts.append(part)
+        if room <= 0 or inflater.unconsumed_tail:
+            return b"".join(parts), len(view)  # over the limit: the caller says 413
+        if inflater.eof:
+            return b"".join(parts), pos + len(piece) - len(inflater.unused_data)
+        pos += len(piece)
+        if pos >= len(view):
+            raise BodyError(400, "body is not valid gzip: truncated")
+        feed = min(feed * 2, _MAX_FEED)
 
 
 def _zstd_module():
@@ -140,30 +156,23 @@ def _zstd_module():
 
 def _unzstd(body: bytes, max_bytes: int, max_members: int) -> bytes:
     """Decompress every zstd frame of a body (a stream of several frames is valid zstd;
-    skippable frames hold no data), each read in place from a view of the body."""
+    skippable frames hold no data)."""
     zstd = _zstd_module()
-    view = memoryview(body)
-    parts: list[bytes] = []
-    size = pos = frames = 0
-    while pos < len(view):
-        frames += 1
-        if frames > max_members:
-            raise _too_many(max_members, "zstd frames")
+
+    def frame(view: memoryview, pos: int, room: int) -> tuple[bytes, int]:
         try:
-            frame = zstd.get_frame_size(view[pos:])
+            length = zstd.get_frame_size(view[pos:])
             decompressor = zstd.ZstdDecompressor()
-            data = decompressor.decompress(view[pos:pos + frame], max_length=max_bytes + 1 - size)
+            data = decompressor.decompress(view[pos:pos + length], max_length=room)
         except zstd.ZstdError as exc:
             raise BodyError(400, f"body is not valid zstd: {exc}") from None
-        size += len(data)
-        if size > max_bytes or (not decompressor.needs_input and not decompressor.eof):
-            raise _too_big(max_bytes)
+        if len(data) >= room or (not decompressor.needs_input and not decompressor.eof):
+            return data, len(view)  # over the limit: the caller says 413
         if not decompressor.eof:
             raise BodyError(400, "body is not valid zstd: truncated frame")
-        if data:
-            parts.append(data)
-        pos += frame
-    return parts[0] if len(parts) == 1 else b"".join(parts)
+        return data, pos + length
+
+    return _members(body, max_bytes, max_members, "zstd frames", frame)
 
 
 @dataclass(frozen=True)

@@ -53,11 +53,18 @@ class RateLimit(logging.Filter):
             return False
 
 
-def configure_logging(level: int = logging.INFO, limit: RateLimit | None = None) -> RateLimit:
-    """Log to stderr as the processor does, every handler behind one rate limit."""
-    logging.basicConfig(level=level, format=LOG_FORMAT)
+def configure_logging(level: int = logging.INFO, limit: RateLimit | None = None,
+                      root: logging.Logger | None = None) -> RateLimit:
+    """Log to stderr as the processor does (``root``: the root logger), every handler behind
+    one rate limit."""
+    root = root or logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        root.addHandler(handler)
+        root.setLevel(level)
     limit = limit or RateLimit()
-    for handler in logging.getLogger().handlers:
+    for handler in root.handlers:
         if not any(isinstance(f, RateLimit) for f in handler.filters):
             handler.addFilter(limit)
     return limit
