@@ -182,9 +182,11 @@ class Processor:
 
     def reserve(self, nbytes: int) -> bool:
         """Count a request body about to be read against the budget; False (nothing
-        reserved) when it does not fit."""
+        reserved) when it does not fit. One body at a time always fits (a budget smaller
+        than a body must not refuse it for ever)."""
         with self._count_lock:
-            if nbytes and self.memory_used() + nbytes > self.config.memory_budget_bytes:
+            if (nbytes and self.inflight_bytes
+                    and self.memory_used() + nbytes > self.config.memory_budget_bytes):
                 return False
             self.inflight_bytes += nbytes
             return True
