@@ -31,9 +31,10 @@ def register(commands) -> None:
     p.add_argument("--spool-max-mb", type=int, default=None,
                    help="upload spool cap (default 4096 MB); past 90%% of it intake answers "
                         "503, beyond it files are dropped and counted")
-    p.add_argument("--window", type=float, default=_DEFAULTS.window_s, metavar="SECONDS")
+    p.add_argument("--window", type=float, default=_DEFAULTS.window_s, metavar="SECONDS",
+                   help="record time per window, file and summary (default 60)")
     p.add_argument("--grace", type=float, default=_DEFAULTS.grace_s, metavar="SECONDS",
-                   help="how long a window waits for late records")
+                   help="how long a window waits for late records (default 10)")
     p.add_argument("--max-body-mb", type=int, default=_DEFAULTS.max_body_bytes >> 20,
                    help="decompressed body limit (default 64)")
     p.add_argument("--max-skew", type=float, default=_DEFAULTS.max_skew_s, metavar="SECONDS",
