@@ -25,8 +25,10 @@ Fields: ``healthz_p50_ms``/``p99``/``max`` and ``healthz_failures`` (excluding t
 processor was down); ``rss_mb_first_half_max`` and ``rss_mb_second_half_max`` (after each
 start's first 20 s) and ``rss_slope_mb_per_min`` over the second half; ``recovery_s`` (SIGKILL
 to ready again); the acknowledged and written counts; slow-loris connections cut off by the
-processor. Baseline in the same run: the first half's RSS (before the kill) against the second
-half's, and /healthz latency of an idle processor measured before the load starts.
+processor. Before the load, one ``--big-body-mb`` (60) MB NDJSON body is posted while /healthz is
+probed every 10 ms (``big_body_healthz_*``: a 63 MB body used to block /healthz for 4.5 s).
+Baseline in the same run: the first half's RSS (before the kill) against the second half's,
+and /healthz latency of an idle processor measured before the load starts.
 """
 
 from __future__ import annotations
@@ -266,6 +268,52 @@ def prober(processor: Processor, stop: threading.Event, down: threading.Event,
         stop.wait(0.05)
 
 
+def big_body_probe(processor: Processor, megabytes: int) -> dict:
+    """Post one large NDJSON body (``megabytes`` decompressed) and probe /healthz every 10 ms
+    while it is read, decoded and parsed: the loop must keep answering."""
+    if megabytes <= 0:
+        return {}
+    rng = np.random.default_rng(7)
+    n = 20_000
+    lines, size, rank = [], 0, 0
+    now = time.time_ns()
+    while size < megabytes << 20:
+        record = {"v": 1, "kind": "kernels", "job": "big-body", "rank": rank % 64,
+                  "names": NAMES, "name": rng.integers(0, len(NAMES), n),
+                  "stream": np.full(n, 7), "start_ns": now - 10**9 + np.arange(n) * 1000,
+                  "dur_ns": rng.integers(500, 900, n)}
+        line = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+        lines.append(line)
+        size += len(line)
+        rank += 1
+    body = gzip.compress(b"".join(lines), 1)
+    done = threading.Event()
+    latencies: list[float] = []
+
+    def probe():
+        while not done.is_set():
+            started = time.perf_counter()
+            urllib.request.urlopen(f"http://127.0.0.1:{processor.port}/healthz", timeout=30)
+            latencies.append(time.perf_counter() - started)
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    started = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", processor.port, timeout=300)
+    conn.request("POST", "/v1/records", body=body, headers={"Content-Encoding": "gzip"})
+    response = conn.getresponse()
+    response.read()
+    took = time.perf_counter() - started
+    done.set()
+    thread.join(30)
+    latency = np.array(latencies) * 1e3
+    return {"big_body_mb": size / 2**20, "big_body_status": response.status,
+            "big_body_seconds": took, "big_body_healthz_probes": len(latencies),
+            "big_body_healthz_p99_ms": float(np.percentile(latency, 99)),
+            "big_body_healthz_max_ms": float(latency.max())}
+
+
 def read_back(store: Path) -> tuple[dict, dict]:
     """(job, rank) -> Counter of kernels, steps, stacks in the files; -> process names."""
     from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
@@ -305,6 +353,8 @@ def main() -> int:
     parser.add_argument("--job-life", type=float, default=40.0)
     parser.add_argument("--loris", type=int, default=300)
     parser.add_argument("--max-connections", type=int, default=256)
+    parser.add_argument("--big-body-mb", type=int, default=60,
+                        help="first post one body this big and probe /healthz meanwhile (0: no)")
     parser.add_argument("--processor-args", default="")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -316,6 +366,7 @@ def main() -> int:
         started = time.perf_counter()
         urllib.request.urlopen(f"http://127.0.0.1:{processor.port}/healthz", timeout=5)
         idle.append(time.perf_counter() - started)
+    big = big_body_probe(processor, args.big_body_mb)
 
     stop, down = threading.Event(), threading.Event()
     ledger, loris_stats, failures = Ledger(), Counter(), Counter()
@@ -403,6 +454,7 @@ def main() -> int:
            "healthz_max_ms": float(latency.max()) if len(latency) else None,
            "healthz_failures": failures["healthz"],
            "loris_opened": loris_stats["opened"], "loris_cut_off": loris_stats["cut_off"],
+           **big,
            **_rss_summary(rss)}
     report(out, args.json)
     return 0 if out["lost"] == 0 and code == 0 else 1
