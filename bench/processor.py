@@ -280,6 +280,7 @@ def main() -> int:
                                                      / reference["events_per_s"])
             out[f"{mode}_vs_memory_cpu_per_event"] = (result["processor_cpu_ns_per_event"]
                                                       / reference["processor_cpu_ns_per_event"])
+            out[f"{mode}_vs_memory_rss_end"] = result["rss_end_mb"] / reference["rss_end_mb"]
             if result["rss_max_mb"] and reference["rss_max_mb"]:
                 out[f"{mode}_vs_memory_rss_max"] = result["rss_max_mb"] / reference["rss_max_mb"]
         if base:
