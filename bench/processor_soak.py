@@ -432,8 +432,8 @@ def main() -> int:
             found_total[kind] += got
             lost[kind] += max(0, acked[kind] - got)
             duplicates[kind] += max(0, got - acked[kind])
-    unnamed = sum(1 for key, names in process.items()
-                  if not names or any("(" not in n for n in names))
+    unnamed = sum(1 for key, names in process.items()  # ranks that sent their identity
+                  if key in ledger.acked and (not names or any("(" not in n for n in names)))
     latency = np.array(latencies) * 1e3
     out = {"seconds": args.seconds, "exit_code": code, "jobs": len(jobs),
            "ranks": len(ledger.acked), "posts": ledger.posts, "retries_503": ledger.retries,
