@@ -222,6 +222,7 @@ def test_written_windows_are_not_written_twice_and_late_stays_late(tmp_path):
 
     second = Processor(config(tmp_path))
     second.recover()
+    assert second.replayed_bodies == 1  # the bodies of the written window are not decoded
     second.drain(timeout=30)
     contents = window_contents(store)
     assert contents[(0, T0)][0] == expected_slices(early)  # not the late ones, not twice

@@ -35,7 +35,7 @@ from argus_core.processor.wal import BODY, CLOSED, DONE, WalError, WriteAheadLog
 from argus_core.processor.wal import fsync_dir as _fsync_dir
 from argus_core.processor.window_output import WindowOutput
 from argus_core.processor.windows import Handover, Window, WindowKey, WindowStore
-from argus_core.schema import KernelBatch, Record, StepRecord
+from argus_core.schema import KernelBatch, Record, StackRecord, StepRecord
 from argus_core.summaries import KernelSummary, top_kernels
 
 logger = logging.getLogger("argus_core.processor")
@@ -236,8 +236,9 @@ class Processor:
                 segment = None
                 if self.wal is not None:
                     try:
-                        segment = self.wal.append(BODY, *body_payload(body, encoding or "",
-                                                                      result.refused))
+                        segment = self.wal.append(BODY, *body_payload(
+                            body, encoding or "", result.refused,
+                            windows_of(result.records, self.windows.window_ns)))
                     except WalError as exc:
                         self.wal_errors += 1
                         logger.error("argus processor: %s", exc)
@@ -486,6 +487,23 @@ class Processor:
             self.uploader.close(1.0)
         if self.wal is not None:
             self.wal.close()
+
+
+def windows_of(records: list[Record], window_ns: int) -> list[list] | None:
+    """The (job, rank, window index) keys records go to, sorted; None when one of them is an
+    identity (it belongs to no window, so its body must always be replayed)."""
+    keys: set[tuple[str, int, int]] = set()
+    for record in records:
+        if isinstance(record, KernelBatch):
+            if len(record.start_ns):
+                first = int(record.start_ns.min()) // window_ns
+                last = int(record.start_ns.max()) // window_ns
+                keys.update((record.job, record.rank, i) for i in range(first, last + 1))
+        elif isinstance(record, StepRecord | StackRecord):
+            keys.add((record.job, record.rank, record.t_ns // window_ns))
+        else:
+            return None
+    return [list(key) for key in sorted(keys)]
 
 
 def _compact(summary: KernelSummary) -> KernelSummary:

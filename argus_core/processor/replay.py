@@ -1,7 +1,8 @@
 """Recovery at start: replay the write-ahead log a previous processor left on this spool.
 
 Two passes over the segments, oldest first. The first reads only the small ``D`` entries: the
-windows whose files already reached the spool, whose records are skipped. The second rebuilds
+windows whose files already reached the spool, whose records are skipped (a body whose records
+all went to such windows is not even decoded). The second rebuilds
 everything else in log order: each segment's ``K`` snapshot restores per-rank state
 (identities, watermarks, closed windows), each ``B`` body is decoded and filed into windows
 exactly as it was when acknowledged (the items refused then are passed over), each ``C`` entry
@@ -44,14 +45,18 @@ def replay(processor) -> None:
     started = time.monotonic()
     windows.skip = {tuple(orjson.loads(entry.payload)) for segment in segments
                     for entry in wal.read(segment, kinds=(DONE,))}
-    bodies = records = closed = 0
+    bodies = records = closed = passed = 0
     for segment in segments:
         for entry in wal.read(segment):
             if entry.kind == SNAPSHOT:
                 with processor._lock:
                     windows.restore(orjson.loads(entry.payload))
             elif entry.kind == BODY:
-                records += _replay_body(processor, entry.payload, segment)
+                logged = read_body_payload(entry.payload)
+                if logged.windows is not None and logged.windows <= windows.skip:
+                    passed += 1  # every window it went to is written: nothing to decode
+                    continue
+                records += _replay_body(processor, logged, segment)
                 bodies += 1
             elif entry.kind == CLOSED:
                 with processor._lock:
@@ -66,20 +71,19 @@ def replay(processor) -> None:
         processor.roll()
     processor.retire_segments()
     logger.info("argus processor: replayed %d bodies (%d records) from %d log segment(s) in "
-                "%.1f s: %d windows to finish, %d still open, %d already written",
-                bodies, records, len(segments), time.monotonic() - started, closed,
-                len(windows.open), skipped)
+                "%.1f s: %d windows to finish, %d still open, %d already written (%d bodies of "
+                "theirs passed over)", bodies, records, len(segments),
+                time.monotonic() - started, closed, len(windows.open), skipped, passed)
 
 
-def _replay_body(processor, payload: bytes, segment: int) -> int:
+def _replay_body(processor, logged, segment: int) -> int:
     """File one logged body's records into windows again; returns how many."""
-    body, encoding, refused = read_body_payload(payload)
     try:
-        data = decode_body(body, encoding, REPLAY_MAX_BODY_BYTES)
+        data = decode_body(logged.body, logged.encoding, REPLAY_MAX_BODY_BYTES)
     except BodyError as exc:  # it decoded when it came in: the log is damaged
         logger.error("argus processor: a logged body no longer decodes (%s); skipped", exc)
         return 0
-    result = parse_body(data, skip=refused)
+    result = parse_body(data, skip=logged.refused)
     deadline = time.monotonic() + 60
     while (processor.memory_used() >= processor.config.memory_budget_bytes
            and time.monotonic() < deadline):

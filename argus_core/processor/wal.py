@@ -8,8 +8,9 @@ acknowledged; a restart replays the log (``argus_core.processor.replay``). Entri
 
 - ``K`` snapshot, first in every segment: per-rank state (identity, watermark, closed windows)
   at the moment the segment opened, so older segments can be deleted without losing it.
-- ``B`` body: the request body with its Content-Encoding and the item numbers of the records
-  that were refused, so a replay accepts exactly what was acknowledged.
+- ``B`` body: the request body with its Content-Encoding, the item numbers of the records
+  that were refused (so a replay accepts exactly what was acknowledged) and the windows its
+  records went to (so a replay skips, undecoded, a body whose windows are all written).
 - ``C`` closed: a window was closed and handed to the writer (later records for it are late).
 - ``D`` done: a window's file is in the upload spool; its records are no longer needed.
 
@@ -39,12 +40,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
+
 log = logging.getLogger(__name__)
 
 SNAPSHOT, BODY, CLOSED, DONE = b"K", b"B", b"C", b"D"
 _KINDS = (SNAPSHOT, BODY, CLOSED, DONE)
 _HEADER = struct.Struct("<cII")
-_BODY_META = struct.Struct("<HI")  # encoding length, number of refused items
+_BODY_META = struct.Struct("<HII")  # encoding length, refused items, windows' JSON length
 _ITEM = struct.Struct("<I")
 SUFFIX = ".wal"
 
@@ -62,22 +65,37 @@ class Entry:
     segment: int
 
 
-def body_payload(body: bytes, encoding: str, refused: list[int]) -> tuple[bytes, bytes]:
-    """(meta, body) of a ``B`` entry: the encoding and refused item numbers, then the body."""
+@dataclass(frozen=True)
+class LoggedBody:
+    """A ``B`` entry read back."""
+
+    body: bytes
+    encoding: str
+    refused: frozenset[int]  # item numbers refused when the body came in
+    windows: frozenset[tuple] | None  # (job, rank, index) its records went to; None: unknown
+
+
+def body_payload(body: bytes, encoding: str, refused: list[int],
+                 windows: list[tuple] | None) -> tuple[bytes, bytes]:
+    """(meta, body) of a ``B`` entry: the encoding, the refused item numbers and the windows
+    the records go to (a replay skips a body whose windows are all written), then the body."""
     encoded = encoding.encode("utf-8", "replace")[:1024]
-    meta = _BODY_META.pack(len(encoded), len(refused)) + encoded + b"".join(
-        _ITEM.pack(item) for item in refused)
+    keys = b"" if windows is None else orjson.dumps(windows)
+    meta = _BODY_META.pack(len(encoded), len(refused), len(keys)) + encoded + b"".join(
+        _ITEM.pack(item) for item in refused) + keys
     return meta, body
 
 
-def read_body_payload(payload: bytes) -> tuple[bytes, str, frozenset[int]]:
-    """(body, encoding, refused item numbers) of a ``B`` entry's payload."""
-    length, refused = _BODY_META.unpack_from(payload)
+def read_body_payload(payload: bytes) -> LoggedBody:
+    """What a ``B`` entry's payload holds."""
+    length, refused, keys = _BODY_META.unpack_from(payload)
     at = _BODY_META.size
     encoding = payload[at:at + length].decode("utf-8", "replace")
     at += length
     items = frozenset(_ITEM.unpack_from(payload, at + 4 * i)[0] for i in range(refused))
-    return payload[at + 4 * refused:], encoding, items
+    at += 4 * refused
+    windows = frozenset(tuple(k) for k in orjson.loads(payload[at:at + keys])) if keys else None
+    return LoggedBody(payload[at + keys:], encoding, items, windows)
 
 
 class WriteAheadLog:
