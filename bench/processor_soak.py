@@ -461,7 +461,7 @@ def main() -> int:
 
 
 def _rss_summary(samples: list[tuple[float, float, int]]) -> dict:
-    """Highest RSS of each start after its first 20 s, and the second start's slope."""
+    """Highest RSS of each start after its first 20 s, and each start's slope."""
     out = {}
     for generation, label in ((0, "first_half"), (1, "second_half")):
         mine = [(t, m) for t, m, g in samples if g == generation]
@@ -470,9 +470,10 @@ def _rss_summary(samples: list[tuple[float, float, int]]) -> dict:
         t0 = mine[0][0]
         warm = [(t, m) for t, m in mine if t - t0 >= 20]
         out[f"rss_mb_{label}_max"] = max(m for _, m in warm) if warm else None
-        if generation == 1 and len(warm) >= 3:
+        if len(warm) >= 3:
             t, m = (np.array(c) for c in zip(*warm, strict=True))
-            out["rss_slope_mb_per_min"] = float(np.polyfit(t, m, 1)[0] * 60)
+            slope = float(np.polyfit(t, m, 1)[0] * 60)
+            out["rss_slope_mb_per_min" if generation else "rss_first_half_slope_mb_per_min"] = slope
     return out
 
 
