@@ -40,6 +40,7 @@ import http.client
 import os
 import random
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -356,6 +357,8 @@ def main() -> int:
     parser.add_argument("--big-body-mb", type=int, default=60,
                         help="first post one body this big and probe /healthz meanwhile (0: no)")
     parser.add_argument("--processor-args", default="")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the work directory (store, spool, processor.log)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="argus-soak-"))
@@ -457,6 +460,8 @@ def main() -> int:
            **big,
            **_rss_summary(rss)}
     report(out, args.json)
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
     return 0 if out["lost"] == 0 and code == 0 else 1
 
 
