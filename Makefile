@@ -26,6 +26,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/exporter_cpu.py
 	$(BIN)/python bench/perfetto_write.py
 	$(BIN)/python bench/processor.py
+	$(BIN)/python bench/processor_soak.py
+	$(BIN)/python bench/decode.py
 	$(BIN)/python bench/rules_scale.py  # needs prometheus (apt-get install prometheus)
 
 clean:

@@ -19,6 +19,28 @@ KINDS = ("rank", "step", "kernels", "stack")
 AXES = ("dp", "tp", "pp", "ep")
 KERNEL_COLUMNS = ("name", "stream", "start_ns", "dur_ns")
 
+# Bounds: what a real job can produce. Anything beyond is refused naming the field, so no
+# absurd value reaches a window (1e300 seconds or a timestamp near 2**64 used to overflow the
+# Perfetto writer at window close and take the whole window's file down with it).
+MAX_TIMESTAMP_NS = 4_102_444_800 * 10**9
+"""Latest record time accepted: 2100-01-01T00:00:00Z (every ``*_ns`` timestamp)."""
+MAX_DURATION_NS = 86_400 * 10**9
+"""Longest kernel accepted (``dur_ns``): one day. A hung collective times out long before."""
+MAX_DURATION_S = 86_400.0
+"""Longest step or phase accepted (``wall_s``, ``gpu_s``, ``phases.*``): one day."""
+MAX_RANK = 2**31 - 1
+"""Largest rank, world size, local rank and coordinate."""
+MAX_STEP = 2**53
+"""Largest step number (the largest integer every JSON reader keeps exactly)."""
+MAX_STREAM = 2**63 - 1
+"""Largest CUDA stream id."""
+MAX_TEXT = 4096
+"""Longest job, host, thread, phase name or stack frame (characters)."""
+MAX_KERNEL_NAME = 65_536
+"""Longest kernel name (characters; demangled C++ templates run to a few KB)."""
+MAX_ITEMS = 4096
+"""Most phases in a step and frames in a stack sample."""
+
 
 class SchemaError(ValueError):
     """A record that breaks schema v1; ``field`` names the offending field (dotted path)."""
@@ -82,8 +104,8 @@ class StackRecord:
 Record = RankRecord | StepRecord | KernelBatch | StackRecord
 
 
-def _int(rec: dict, field: str, *, minimum: int | None = 0, required: bool = True,
-         below: int | None = None) -> int | None:
+def _int(rec: dict, field: str, *, minimum: int = 0, maximum: int,
+         required: bool = True) -> int | None:
     value = rec.get(field)
     if value is None:
         if required:
@@ -91,14 +113,19 @@ def _int(rec: dict, field: str, *, minimum: int | None = 0, required: bool = Tru
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise SchemaError(field, f"expected an integer, got {type(value).__name__} {value!r:.40}")
-    if minimum is not None and value < minimum:
+    if value < minimum:
         raise SchemaError(field, f"must be >= {minimum}, got {value}")
-    if below is not None and value >= below:
-        raise SchemaError(field, f"out of range: {value!r}")
+    if value > maximum:
+        raise SchemaError(field, f"must be <= {maximum}, got {value!r:.40}")
     return value
 
 
-def _str(rec: dict, field: str, *, required: bool = True) -> str | None:
+def _time_ns(rec: dict, field: str, *, required: bool = True) -> int | None:
+    """A timestamp in ns since the epoch, between 0 and :data:`MAX_TIMESTAMP_NS`."""
+    return _int(rec, field, maximum=MAX_TIMESTAMP_NS, required=required)
+
+
+def _str(rec: dict, field: str, *, required: bool = True, limit: int = MAX_TEXT) -> str | None:
     value = rec.get(field)
     if value is None:
         if required:
@@ -106,6 +133,8 @@ def _str(rec: dict, field: str, *, required: bool = True) -> str | None:
         return None
     if not isinstance(value, str) or not value:
         raise SchemaError(field, f"expected a non-empty string, got {value!r:.40}")
+    if len(value) > limit:
+        raise SchemaError(field, f"longer than {limit} characters ({len(value)})")
     return value
 
 
@@ -115,14 +144,16 @@ def _seconds(value: Any, field: str) -> float:
     value = float(value)
     if not math.isfinite(value) or value < 0:
         raise SchemaError(field, f"must be a finite duration >= 0, got {value}")
+    if value > MAX_DURATION_S:
+        raise SchemaError(field, f"must be <= {MAX_DURATION_S:.0f} s (one day), got {value:g}")
     return value
 
 
-def _column(rec: dict, field: str) -> np.ndarray:
+def _column(rec: dict, field: str, maximum: int) -> np.ndarray:
     """One integer column, checked value by value so the error names the first bad element.
 
     Integral floats (1500.0, as some serialisers write) are accepted; booleans, strings,
-    fractions, NaN, infinities, negatives and values beyond int64 are not.
+    fractions, NaN, infinities, negatives and values beyond ``maximum`` are not.
     """
     values = rec.get(field)
     if values is None:
@@ -136,8 +167,8 @@ def _column(rec: dict, field: str) -> np.ndarray:
             raise SchemaError(f"{field}[{i}]", f"expected a finite integer, got {v!r}")
         if v < 0:
             raise SchemaError(f"{field}[{i}]", f"must be >= 0, got {v!r}")
-        if v >= 2**63:
-            raise SchemaError(f"{field}[{i}]", f"out of range: {v!r}")
+        if v > maximum:
+            raise SchemaError(f"{field}[{i}]", f"out of range: {v!r} > {maximum}")
     return np.array([int(v) for v in values], dtype=np.int64)
 
 
@@ -154,7 +185,7 @@ def _coords(rec: dict) -> tuple[int, int, int, int]:
     out = []
     for axis in AXES:
         try:
-            out.append(_int(coords, axis, required=False) or 0)
+            out.append(_int(coords, axis, maximum=MAX_RANK, required=False) or 0)
         except SchemaError as exc:
             raise SchemaError(f"coords.{axis}", exc.message) from None
     return tuple(out)  # type: ignore[return-value]
@@ -174,17 +205,18 @@ def parse_record(rec: Any) -> Record:
     if kind not in KINDS:
         raise SchemaError("kind", f"unknown kind {kind!r} (known: {', '.join(KINDS)})")
     job = _str(rec, "job")
-    rank = _int(rec, "rank")
+    rank = _int(rec, "rank", maximum=MAX_RANK)
     if kind == "step":
         return _parse_step(rec, job, rank)
     if kind == "kernels":
         return _parse_kernels(rec, job, rank)
     if kind == "rank":
-        world_size = _int(rec, "world_size", minimum=1)
+        world_size = _int(rec, "world_size", minimum=1, maximum=MAX_RANK + 1)
         if rank >= world_size:
             raise SchemaError("rank", f"rank {rank} outside world_size {world_size}")
         return RankRecord(job, rank, world_size, _str(rec, "host", required=False) or "",
-                          _int(rec, "local_rank", required=False) or 0, _coords(rec))
+                          _int(rec, "local_rank", maximum=MAX_RANK, required=False) or 0,
+                          _coords(rec))
     return _parse_stack(rec, job, rank)
 
 
@@ -194,16 +226,21 @@ def _parse_step(rec: dict, job: str, rank: int) -> StepRecord:
         phases = {}
     if not isinstance(phases, dict):
         raise SchemaError("phases", f"expected an object of phase -> seconds, got {phases!r:.40}")
+    if len(phases) > MAX_ITEMS:
+        raise SchemaError("phases", f"more than {MAX_ITEMS} phases ({len(phases)})")
     clean = {}
     for name, value in phases.items():
         if not name:
             raise SchemaError("phases", "empty phase name")
+        if len(name) > MAX_TEXT:
+            raise SchemaError("phases", f"phase name longer than {MAX_TEXT} characters")
         clean[name] = _seconds(value, f"phases.{name}")
     gpu = rec.get("gpu_s")
     return StepRecord(
-        job, rank, _int(rec, "step"), _int(rec, "t_ns"), _seconds(rec.get("wall_s"), "wall_s"),
+        job, rank, _int(rec, "step", maximum=MAX_STEP), _time_ns(rec, "t_ns"),
+        _seconds(rec.get("wall_s"), "wall_s"),
         math.nan if gpu is None else _seconds(gpu, "gpu_s"), clean,
-        _int(rec, "gpu_t_ns", required=False, below=2**63))
+        _time_ns(rec, "gpu_t_ns", required=False))
 
 
 def _int_columns(rec: dict) -> np.ndarray | None:
@@ -221,6 +258,8 @@ def _int_columns(rec: dict) -> np.ndarray | None:
         return None
     if array.ndim != 2 or (array.size and array.min() < 0):
         return None
+    if array.size and (array[2].max() > MAX_TIMESTAMP_NS or array[3].max() > MAX_DURATION_NS):
+        return None
     return array
 
 
@@ -228,13 +267,15 @@ def _parse_kernels(rec: dict, job: str, rank: int) -> KernelBatch:
     names = rec.get("names")
     if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
         raise SchemaError("names", "expected an array of non-empty kernel name strings")
+    if names and max(map(len, names)) > MAX_KERNEL_NAME:
+        raise SchemaError("names", f"a kernel name is longer than {MAX_KERNEL_NAME} characters")
     fast = _int_columns(rec)
     if fast is not None:
         name, stream, start, dur = fast
         if len(name) and name.max() < len(names):
             return KernelBatch(job, rank, names, name.astype(np.int32), stream, start, dur)
-    name = _column(rec, "name")
-    columns = {f: _column(rec, f) for f in KERNEL_COLUMNS[1:]}
+    name = _column(rec, "name", MAX_STEP)
+    columns = {f: _column(rec, f, _COLUMN_MAX[f]) for f in KERNEL_COLUMNS[1:]}
     lengths = {f: len(c) for f, c in (("name", name), *columns.items())}
     if len(set(lengths.values())) != 1:
         detail = ", ".join(f"{f}={n}" for f, n in lengths.items())
@@ -247,12 +288,19 @@ def _parse_kernels(rec: dict, job: str, rank: int) -> KernelBatch:
                        columns["start_ns"], columns["dur_ns"])
 
 
+_COLUMN_MAX = {"stream": MAX_STREAM, "start_ns": MAX_TIMESTAMP_NS, "dur_ns": MAX_DURATION_NS}
+
+
 def _parse_stack(rec: dict, job: str, rank: int) -> StackRecord:
     frames = rec.get("frames")
     if not isinstance(frames, list) or not all(isinstance(f, str) for f in frames):
         raise SchemaError("frames", "expected an array of frame strings")
-    return StackRecord(job, rank, _int(rec, "t_ns"), _str(rec, "thread", required=False) or "",
-                       frames)
+    if len(frames) > MAX_ITEMS:
+        raise SchemaError("frames", f"more than {MAX_ITEMS} frames ({len(frames)})")
+    if frames and max(map(len, frames)) > MAX_TEXT:
+        raise SchemaError("frames", f"a frame is longer than {MAX_TEXT} characters")
+    return StackRecord(job, rank, _time_ns(rec, "t_ns"),
+                       _str(rec, "thread", required=False) or "", frames)
 
 
 def coords_dict(coords: tuple[int, ...]) -> dict[str, int]:

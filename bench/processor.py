@@ -1,8 +1,13 @@
 """Benchmark: one processor process under a loopback load of columnar kernel batches.
 
-    python bench/processor.py [--seconds 60] [--ranks 8] [--json]
+    python bench/processor.py [--seconds 30] [--ranks 8] [--modes memory,write,fsync] [--json]
 
-Starts ``argus processor`` (file store and spool in a temporary directory) as one process,
+For each durability mode (``--durability`` of ``argus processor``: ``write``, the default, acks
+once a body is in the write-ahead log; ``fsync`` once it is also fsynced; ``memory`` keeps no
+log, the baseline) the same load runs against a fresh processor, one after the other in the
+same run; the last line carries every mode's numbers and the durable modes' ratios to
+``memory`` (throughput, CPU per event, RSS). Each run: starts ``argus processor`` (file store
+and spool in a temporary directory) as one process,
 then posts gzip NDJSON bodies, each one ``kernels`` record of 10,000 kernels, round-robin over
 --ranks ranks, with record time advancing 250 ms per batch (40,000 kernels/s per rank, a
 busy GPU; 2.4 M kernels per rank per 60 s window), faster than wall time so windows keep
@@ -16,9 +21,10 @@ minus once every rank has written its first window), ``rss_max_mb`` and
 ``rss_slope_mb_per_min`` (RSS sampled every 200 posts after that), ``lost`` (acknowledged
 events minus events written to Perfetto windows), plus how many files were written.
 Bodies are built before the clock starts (``--live``: while posting, for soaks that would not
-fit in memory), so the generator costs only the posting. Baseline
-measured in the same run: the same bodies posted to a server that only reads them, i.e. what
-loopback HTTP and aiohttp themselves carry on this machine.
+fit in memory), so the generator costs only the posting. Baselines measured in the same run:
+the ``memory`` mode, and the same bodies posted to a server that only reads them, i.e. what
+loopback HTTP and aiohttp themselves carry on this machine. Record time starts 23 hours
+before the processor's clock (within its --max-age) and advances faster than wall time.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import gzip
 import http.client
 import itertools
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -42,7 +49,7 @@ from _report import report
 
 BATCH = 10_000
 STEP_NS = 250_000_000  # record time covered by one batch of one rank
-T0 = 1_790_000_000_000_000_000
+T0 = (time.time_ns() // 60_000_000_000 - 23 * 60) * 60_000_000_000  # 23 h ago, whole minute
 NAMES = [f"sm90_xmma_gemm_{i}" for i in range(40)] + [f"ncclDevKernel_AllReduce_{i}"
                                                       for i in range(8)]
 
@@ -101,11 +108,12 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
-def wait_ready(port: int, timeout: float = 30) -> None:
+def wait_ready(port: int, timeout: float = 60, path: str = "/readyz") -> None:
+    """Wait until ``path`` answers 200 (the processor has replayed its log)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
+            urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=1)
             return
         except OSError:
             time.sleep(0.1)
@@ -188,7 +196,7 @@ def baseline(seconds: float, ranks: int) -> float:
     del web
     server = subprocess.Popen([sys.executable, "-c", code])
     try:
-        wait_ready(port)
+        wait_ready(port, path="/healthz")
         result = load(port, seconds, ranks, make_bodies(seconds, ranks, 5e6), path="/sink")
     finally:
         server.terminate()
@@ -196,23 +204,16 @@ def baseline(seconds: float, ranks: int) -> float:
     return result["acked"] / result["seconds"]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--ranks", type=int, default=8)
-    parser.add_argument("--live", action="store_true",
-                        help="build bodies while posting (soak runs; slower generator)")
-    parser.add_argument("--processor-args", default="",
-                        help="extra arguments for argus processor (e.g. '--chunk-events 65536')")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+def run_mode(mode: str, args: argparse.Namespace) -> dict:
+    """One processor with ``--durability mode`` under the load; its numbers."""
     bodies = live_bodies(args.ranks) if args.live else make_bodies(args.seconds, args.ranks)
     work = tempfile.mkdtemp(prefix="argus-bench-")
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "argus_core.cli", "processor",
                              "--listen", f"127.0.0.1:{port}", "--store", f"file://{work}/store",
-                             "--spool", f"{work}/spool", *args.processor_args.split()], env=env,
+                             "--spool", f"{work}/spool", "--durability", mode,
+                             *args.processor_args.split()], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_ready(port)
@@ -228,25 +229,70 @@ def main() -> int:
             proc.kill()
     files = [os.path.join(d, f) for d, _, fs in os.walk(f"{work}/store") for f in fs]
     written = _kernels_written(err.decode(errors="replace"))
-    base = baseline(15, args.ranks) if not args.live else None
+    shutil.rmtree(work, ignore_errors=True)
     total_s = result["seconds"] + drain_s
-    out = {"seconds": result["seconds"], "drain_s": drain_s, "posted_events": result["acked"],
-           "events_per_s": (written or 0) / total_s,
-           "accepted_per_s": result["acked"] / result["seconds"],
-           "processor_cpu_ns_per_event": cpu_s / max(result["acked"], 1) * 1e9,
-           "rss_growth_mb": (result["rss_end"] - result["rss_warm"]) / 2**20
-           if result["rss_warm"] else None,
-           "rss_warm_mb": (result["rss_warm"] or 0) / 2**20,
-           "held_events_warm": result["held_warm"], "held_events_end": result["held_end"],
-           "rss_end_mb": result["rss_end"] / 2**20,
-           **_rss_trend(result["rss_samples"]),
-           "lost": result["acked"] - written if written is not None else None,
-           "events_written": written, "files": len(files), "retries_503": result["retries"],
-           "accepted_before_drain": before_drain.get("argus_processor_kernel_events_total"),
-           "baseline_loopback_events_per_s": base,
-           "ratio_to_loopback": (written or 0) / total_s / base if base else None}
+    return {"seconds": result["seconds"], "drain_s": drain_s, "posted_events": result["acked"],
+            "events_per_s": (written or 0) / total_s,
+            "accepted_per_s": result["acked"] / result["seconds"],
+            "processor_cpu_ns_per_event": cpu_s / max(result["acked"], 1) * 1e9,
+            "rss_growth_mb": (result["rss_end"] - result["rss_warm"]) / 2**20
+            if result["rss_warm"] else None,
+            "rss_warm_mb": (result["rss_warm"] or 0) / 2**20,
+            "held_events_warm": result["held_warm"], "held_events_end": result["held_end"],
+            "rss_end_mb": result["rss_end"] / 2**20,
+            **_rss_trend(result["rss_samples"]),
+            "wal_mb_end_of_load": before_drain.get("argus_processor_wal_bytes", 0) / 2**20,
+            "lost": result["acked"] - written if written is not None else None,
+            "events_written": written, "files": len(files), "retries_503": result["retries"],
+            "accepted_before_drain": before_drain.get("argus_processor_kernel_events_total")}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--modes", default="memory,write,fsync",
+                        help="durability modes to run, in this order (memory is the baseline)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run the modes this many times, interleaved; report the median")
+    parser.add_argument("--live", action="store_true",
+                        help="build bodies while posting (soak runs; slower generator)")
+    parser.add_argument("--processor-args", default="",
+                        help="extra arguments for argus processor (e.g. '--chunk-events 65536')")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    runs: dict[str, list[dict]] = {mode: [] for mode in modes}
+    for _ in range(args.repeat):  # interleaved: a noisy neighbour hits every mode alike
+        for mode in modes:
+            runs[mode].append(run_mode(mode, args))
+    results = {mode: _median_run(rs) for mode, rs in runs.items()}
+    base = baseline(15, args.ranks) if not args.live else None
+    out: dict = {"repeat": args.repeat}
+    for mode, rs in runs.items():
+        out[f"{mode}_events_per_s_each"] = [round(r["events_per_s"]) for r in rs]
+    for mode, result in results.items():
+        out.update({f"{mode}_{key}": value for key, value in result.items()})
+    reference = results.get("memory")
+    for mode, result in results.items():
+        if reference is not None and mode != "memory":
+            out[f"{mode}_vs_memory_events_per_s"] = (result["events_per_s"]
+                                                     / reference["events_per_s"])
+            out[f"{mode}_vs_memory_cpu_per_event"] = (result["processor_cpu_ns_per_event"]
+                                                      / reference["processor_cpu_ns_per_event"])
+            out[f"{mode}_vs_memory_rss_end"] = result["rss_end_mb"] / reference["rss_end_mb"]
+            if result["rss_max_mb"] and reference["rss_max_mb"]:
+                out[f"{mode}_vs_memory_rss_max"] = result["rss_max_mb"] / reference["rss_max_mb"]
+        if base:
+            out[f"{mode}_ratio_to_loopback"] = result["events_per_s"] / base
+    out["baseline_loopback_events_per_s"] = base
     report(out, args.json)
     return 0
+
+
+def _median_run(runs: list[dict]) -> dict:
+    """The run whose events_per_s is the median of the runs."""
+    return sorted(runs, key=lambda r: r["events_per_s"])[len(runs) // 2]
 
 
 def _rss_trend(samples: list[tuple[float, float, float]]) -> dict:

@@ -79,7 +79,7 @@ class Settings:
     kernels: bool = False  # CUPTI: off unless asked for
     stacks: bool = False  # py-spy: off unless asked for
     metrics_port: int | None = None  # base port; the rank listens on base + local_rank
-    metrics_addr: str = "0.0.0.0"
+    metrics_addr: str = "127.0.0.1"  # loopback: ARGUS_METRICS_ADDR=0.0.0.0 for a remote scraper
     queue_records: int = _DEFAULT_QUEUE_RECORDS
     batch_records: int = _DEFAULT_BATCH_RECORDS
     flush_s: float = _DEFAULT_FLUSH_S
@@ -111,7 +111,7 @@ class Settings:
             kernels=_flag(env, "ARGUS_KERNELS", False),
             stacks=_flag(env, "ARGUS_STACKS", False),
             metrics_port=int(_number(env, "ARGUS_METRICS_PORT", 0, int, 1)) if port else None,
-            metrics_addr=env.get("ARGUS_METRICS_ADDR") or "0.0.0.0",
+            metrics_addr=env.get("ARGUS_METRICS_ADDR") or "127.0.0.1",
             queue_records=int(_number(env, "ARGUS_QUEUE_RECORDS", _DEFAULT_QUEUE_RECORDS, int, 1)),
             batch_records=int(_number(env, "ARGUS_BATCH_RECORDS", _DEFAULT_BATCH_RECORDS, int, 1)),
             flush_s=_number(env, "ARGUS_FLUSH_S", _DEFAULT_FLUSH_S, float, 0.01),

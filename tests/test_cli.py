@@ -162,8 +162,10 @@ def test_simulate_zero_steps_exits_2(tmp_path, capsys):
 
 
 def test_diagnose_json_has_exactly_the_design_top_level_keys(straggler_doc):
-    """The --json document has exactly job, l1, l2, l3 and verdict at the top level."""
-    assert set(straggler_doc) == {"job", "l1", "l2", "l3", "verdict"}
+    """The --json document has exactly job, l1, l2, l3, verdict and not_judged at the top
+    level (not_judged: the levels that had no data; empty when every level could look)."""
+    assert set(straggler_doc) == {"job", "l1", "l2", "l3", "verdict", "not_judged"}
+    assert straggler_doc["not_judged"] == []
     assert straggler_doc["job"] == "compute-straggler"
     assert set(straggler_doc["l1"]) == {"spikes", "regressions"}
     assert set(straggler_doc["l2"]) == {"stragglers"}
@@ -235,6 +237,101 @@ def test_diagnose_text_report_names_rank_5_and_compute(straggler_dir, capsys):
     assert "compute" in out
     assert "compute-straggler" in out
     assert not out.lstrip().startswith("{")
+
+
+def test_text_report_lists_kernel_stragglers_in_the_json_order(straggler_dir, straggler_doc,
+                                                               capsys):
+    """The L3 table of the text report and --json's l3.stragglers come in the same order."""
+    code, out, _ = run(capsys, "diagnose", str(straggler_dir))
+    assert code == 0
+    kernels = {s["kernel"] for s in straggler_doc["l3"]["stragglers"]}
+    in_text = [line.split()[1] for line in out.splitlines()
+               if len(line.split()) == 4 and line.split()[1] in kernels]
+    assert in_text == [s["kernel"] for s in straggler_doc["l3"]["stragglers"]]
+    assert len(in_text) >= 3
+
+
+def kernels_only(directory: Path, with_kernels: bool = True) -> Path:
+    """A job of 8 ranks whose exporters sent identities (and kernels) but no step records."""
+    import numpy as np
+    import orjson
+
+    rng = np.random.default_rng(0)
+    lines = []
+    for rank in range(8):
+        lines.append({"v": 1, "kind": "rank", "job": "j", "rank": rank, "world_size": 8,
+                      "host": "h", "coords": {"dp": rank}})
+        if with_kernels:
+            n = 2000
+            lines.append({"v": 1, "kind": "kernels", "job": "j", "rank": rank,
+                          "names": ["gemm"], "name": [0] * n, "stream": [7] * n,
+                          "start_ns": (1_790_000_000_000_000_000 + np.arange(n) * 10**6).tolist(),
+                          "dur_ns": rng.lognormal(np.log(5e4), 0.1, n).astype(int).tolist()})
+    path = directory / "trace.ndjson"
+    path.write_bytes(b"".join(orjson.dumps(line) + b"\n" for line in lines))
+    return path
+
+
+def test_diagnose_without_step_records_never_says_healthy(tmp_path, capsys):
+    """Kernels but no steps: L1 and L2 say they could not judge, the verdict is no verdict
+    (not "healthy"), and --json lists what was not judged (it used to say healthy, exit 0)."""
+    path = kernels_only(tmp_path)
+    code, out, _ = run(capsys, "diagnose", str(path))
+    assert code == 0
+    assert "healthy:" not in out
+    assert out.count("not judged: no step records") == 2
+    assert "no verdict" in out and "not a clean bill of health" in out
+    code, out, err = run(capsys, "diagnose", str(path), "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["verdict"] == []
+    assert doc["not_judged"] == [{"level": "l1", "reason": "no step records"},
+                                 {"level": "l2", "reason": "no step records"}]
+    assert "L1 not judged: no step records" in err
+
+
+def test_diagnose_with_nothing_to_judge_exits_3(tmp_path, capsys):
+    """Identities only: nothing could be judged; exit status 3, and the report says what to
+    record."""
+    code, out, _ = run(capsys, "diagnose", str(kernels_only(tmp_path, with_kernels=False)))
+    assert code == 3
+    assert "nothing could be judged" in out and "healthy:" not in out
+
+
+def test_healthy_run_is_still_called_healthy(tmp_path, capsys):
+    """With steps and kernels for every rank and nothing found, the verdict is healthy."""
+    write_records(simulate(CASES["healthy"].config(seed=0, steps=STEPS)), tmp_path)
+    code, out, _ = run(capsys, "diagnose", str(tmp_path))
+    assert code == 0 and "healthy: nothing to act on" in out and "not judged" not in out
+
+
+def test_phase_heatmap_tells_25x_from_2x(tmp_path, capsys):
+    """phases.png's colour scale reaches the largest ratio: a rank 25x slower is not drawn
+    like one 2x slower (the scale used to stop at 2x)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from argus_core.detect.diagnose import diagnose
+    from argus_core.reader import load_traces
+    from argus_core.report.plots import phase_figure
+
+    code, _, err = run(capsys, "simulate", "--case", "custom", "--out", str(tmp_path),
+                       "--steps", "30", "--topology", "dp=8",
+                       "--fault", "compute:ranks=5:phases=mlp*25:from=0",
+                       "--fault", "compute:ranks=2:phases=mlp*2:from=0")
+    assert code == 0, err
+    diagnosis = diagnose(load_traces([str(tmp_path)]).traces["custom"])
+    fig = phase_figure(diagnosis, plt)
+    image = fig.axes[0].images[0]
+    colours = image.to_rgba(image.get_array())
+    mlp = list(diagnosis.matrix.phase_names).index("mlp")
+    row = {int(r): i for i, r in enumerate(diagnosis.matrix.ranks)}
+    slow, slower, calm = (tuple(colours[row[r], mlp]) for r in (2, 5, 0))
+    assert slow != slower != calm
+    ratios = diagnosis.l2.ratios[:, mlp]
+    assert ratios[row[5]] > 20 and 1.5 < ratios[row[2]] < 3
+    plt.close(fig)
 
 
 def test_diagnose_plot_writes_three_valid_pngs(straggler_dir, tmp_path, capsys):

@@ -51,6 +51,24 @@ def test_everything_off_by_default():
     assert s.sink.startswith("file://") and s.metrics_port is None
 
 
+@pytest.mark.parametrize("env, addr", [({}, "127.0.0.1"),
+                                       ({"ARGUS_METRICS_ADDR": "0.0.0.0"}, "0.0.0.0")])
+def test_metrics_port_binds_loopback_unless_told_otherwise(env, addr):
+    """A rank's /metrics listens on loopback by default (like the processor); a remote
+    scraper needs ARGUS_METRICS_ADDR. It used to bind 0.0.0.0 on every training host."""
+    from argus_exporters.metrics import StepMetrics
+
+    settings = Settings.from_env({"ARGUS_METRICS_PORT": str(free_port()), **env})
+    health = Health()
+    metrics = StepMetrics(RankIdentity.from_env({"RANK": "0", "WORLD_SIZE": "1"}), health, 10)
+    server = serve(metrics, settings.metrics_port, settings.metrics_addr, health)
+    try:
+        assert server.server_address[0] == addr
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 @pytest.mark.parametrize("env, name", [
     ({"ARGUS_ENABLED": "maybe"}, "ARGUS_ENABLED"),
     ({"ARGUS_QUEUE_RECORDS": "0"}, "ARGUS_QUEUE_RECORDS"),

@@ -447,6 +447,30 @@ def test_steps_phases_and_stacks():
         ("torch/_tensor.py", "backward", 601)]
 
 
+@pytest.mark.parametrize("bad", [
+    pytest.param({"wall_s": 1e300}, id="wall-1e300"),  # round(1e309) overflows
+    pytest.param({"t_ns": 2**64 - 10}, id="t-ns-near-2-pow-64"),  # beyond protobuf's uint64
+])
+def test_one_unencodable_step_loses_nothing_else(bad):
+    """A step the writer cannot encode is left out and counted; the window's kernels, its
+    other steps and its stack samples are all still written (the whole file used to be lost)."""
+    window = random_window(6)
+    window.steps[2] = {**window.steps[2], **bad}
+    writer_out: list = []
+    writer = TraceWriter(writer_out.append, job="llm", rank=5, window_start_ns=T0,
+                         window_ns=WINDOW_NS, host="node-1")
+    writer.add_kernels(window.names, window.kernel_name, window.stream, window.start_ns,
+                       window.dur_ns)
+    writer.add_stacks(window.stacks[:3])  # samples are written as they come
+    writer.finish(window.names, window.steps, window.stacks[3:])
+    decoded = decode(b"".join(memoryview(c) for c in writer_out))
+    assert writer.skipped == 1
+    assert kernel_slices(decoded, window) == input_kernels(window)
+    steps = {s.name for s in decoded.slices if s.track == track_named(decoded, "steps")}
+    assert steps == {f"step {s['step']}" for i, s in enumerate(window.steps) if i != 2}
+    assert len(decoded.instants) == len(window.stacks)
+
+
 def test_parsed_records_work_like_dicts():
     from argus_core.schema import StackRecord, StepRecord
 

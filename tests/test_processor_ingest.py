@@ -12,7 +12,7 @@ from backports import zstd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from argus_core.processor.ingest import BodyError, decode_body, parse_body
+from argus_core.processor.ingest import MAX_MEMBERS, BodyError, decode_body, parse_body
 from argus_core.processor.windows import WindowStore
 from argus_core.schema import parse_record
 
@@ -47,6 +47,38 @@ def test_multi_member_gzip_is_read_whole():
     with pytest.raises(BodyError) as exc:  # the cap holds across members
         decode_body(body, "gzip", len(first) + 10)
     assert exc.value.status == 413
+
+
+def test_multi_frame_zstd_is_read_whole():
+    """A zstd stream of several frames (and a skippable frame) is read whole, not just its
+    first frame (which used to be answered 200 with the later frames silently dropped)."""
+    first, second = ndjson(kernels()), ndjson(kernels(start=W))
+    skippable = b"\x50\x2a\x4d\x18" + (4).to_bytes(4, "little") + b"skip"
+    body = zstd.compress(first) + skippable + zstd.compress(second)
+    assert decode_body(body, "zstd", 1 << 20) == first + second
+    assert len(parse_body(decode_body(body, "", 1 << 20)).records) == 2  # sniffed too
+    with pytest.raises(BodyError) as exc:  # the cap holds across frames
+        decode_body(body, "zstd", len(first) + 10)
+    assert exc.value.status == 413
+    with pytest.raises(BodyError) as exc:  # a frame cut short in transit
+        decode_body(body[:-3], "zstd", 1 << 20)
+    assert exc.value.status == 400
+
+
+@pytest.mark.parametrize("encoding, empty", [("gzip", gzip.compress(b"")),
+                                             ("zstd", zstd.compress(b""))], ids=["gzip", "zstd"])
+def test_bodies_of_too_many_members_are_refused(encoding, empty):
+    """200,000 empty gzip members (4 MB) used to pin the service for 13 s: past the member cap
+    the body is refused with a 413 that names the cap; up to it, every member is read."""
+    good = ndjson(kernels())
+    compress = gzip.compress if encoding == "gzip" else zstd.compress
+    assert decode_body(empty * 999 + compress(good), encoding, 1 << 20, max_members=1000) == good
+    with pytest.raises(BodyError) as exc:
+        decode_body(empty * 1000 + compress(good), encoding, 1 << 20, max_members=1000)
+    assert exc.value.status == 413 and "more than 1000" in exc.value.message
+    with pytest.raises(BodyError) as exc:  # the default cap
+        decode_body(empty * 200_000, encoding, 1 << 20)
+    assert exc.value.status == 413 and f"more than {MAX_MEMBERS}" in exc.value.message
 
 
 def test_decompression_bomb_is_refused():
@@ -130,9 +162,20 @@ def test_windows_close_on_watermark_and_late_records_are_counted():
     assert store.due(now=0) == []
     store.add(parse_record(kernels(start=6 * W + 11_000_000_000)))  # past end + grace
     closed = store.due(now=0)
-    assert [(window.start_ns, len(chunk)) for window, chunk in closed] == [(5 * W, 5)]
+    assert [(h.window.start_ns, len(h.kernels)) for h in closed] == [(5 * W, 5)]
     assert store.add(parse_record(kernels(start=5 * W + 7))) == 5
-    assert store.late == 5 and store.buffered_events == 5
+    assert store.late == {"kernels": 5} and store.buffered_events == 5
+
+
+def test_the_watermark_never_runs_ahead_of_the_clock():
+    """A record stamped ahead of the processor's clock moves the watermark only to the clock
+    plus the grace period: windows the rank is still filling stay open."""
+    now = 100 * W + 30 * 10**9
+    store = WindowStore(60, 10, clock_ns=lambda: now)
+    store.add(parse_record(kernels(start=now - 20 * 10**9)))  # the current window
+    store.add(parse_record(kernels(start=now + 30 * W)))  # half an hour ahead
+    assert [h.window.index for h in store.due(now=0)] == []
+    assert store.add(parse_record(kernels(start=now - 10 * 10**9))) == 0
 
 
 def test_idle_windows_close_in_wall_time():
@@ -140,6 +183,17 @@ def test_idle_windows_close_in_wall_time():
     store = WindowStore(60, 10)
     store.add(parse_record(kernels(start=W)))
     assert store.due(now=10**9) and not store.open
+
+
+def test_a_window_kept_busy_closes_at_its_lifetime():
+    """A window that keeps getting records (a rank whose clock stands still) still closes
+    after its lifetime, so nothing it holds stays in memory or in the log for ever."""
+    store = WindowStore(60, 10, max_lifetime_s=140)
+    store.add(parse_record(kernels(start=W)))
+    window = next(iter(store.open.values()))
+    window.touched = window.created + 130  # records kept coming
+    assert store.due(now=window.created + 139) == []
+    assert [h.window for h in store.due(now=window.created + 141)] == [window]
 
 
 def test_closed_window_carries_identity_steps_and_stacks():
@@ -152,22 +206,55 @@ def test_closed_window_carries_identity_steps_and_stacks():
                             "t_ns": W + 5, "wall_s": 0.4, "gpu_s": 0.3, "phases": {"mlp": 0.1}}))
     store.add(parse_record({"v": 1, "kind": "stack", "job": "j", "rank": 0, "t_ns": W + 9,
                             "thread": "MainThread", "frames": ["a.py:f:1"]}))
-    ((window, chunk),) = store.close_all()
-    assert store.host("j", 0) == "node-9" and len(window.steps) == 1 and len(window.stacks) == 1
-    assert store.names.names[chunk.name[0]] == "gemm"
-    np.testing.assert_array_equal(chunk.start_ns, [W + 1 + i * 1000 for i in range(5)])
+    (handover,) = store.close_all()
+    window = handover.window
+    assert store.host("j", 0) == "node-9" and len(window.steps) == 1
+    assert len(handover.stacks) == 1
+    assert window.names.names[handover.kernels.name[0]] == "gemm"
+    np.testing.assert_array_equal(handover.kernels.start_ns, [W + 1 + i * 1000 for i in range(5)])
+    assert store.memory() == {"kernels": 0, "records": 0, "windows": 0,
+                              "ranks": store.rank_bytes}
 
 
 def test_kernels_are_handed_over_in_chunks_and_the_rest_at_close():
     """A window gives up its kernels once it holds a chunk's worth; close hands the rest."""
     store = WindowStore(60, 10)
     store.add(parse_record(kernels(start=W + 1, n=5)))
-    assert store.chunks(min_events=8) == []
+    assert store.chunks(min_events=8, min_bytes=1 << 20) == []
     store.add(parse_record(kernels(start=W + 10_000, n=5)))
-    ((window, chunk),) = store.chunks(min_events=8)
-    assert len(chunk) == 10 and window.held == 0 and store.buffered_events == 0
+    (handover,) = store.chunks(min_events=8, min_bytes=1 << 20)
+    window = handover.window
+    assert len(handover.kernels) == 10 and window.held == 0 and store.buffered_events == 0
     store.add(parse_record(kernels(start=W + 20_000, n=3)))
-    assert store.buffered_events == 3 and store.chunks(min_events=8) == []
-    ((closed, rest),) = store.close_all()
-    assert closed is window and len(rest) == 3 and window.events == 13
+    assert store.buffered_events == 3 and store.chunks(min_events=8, min_bytes=1 << 20) == []
+    (closed,) = store.close_all()
+    assert closed.window is window and len(closed.kernels) == 3 and window.events == 13
     assert store.buffered_events == 0
+
+
+def test_stack_samples_are_handed_over_by_bytes():
+    """Stack samples leave a window once they hold ``min_bytes``: they never pile up until
+    it closes."""
+    store = WindowStore(60, 10)
+    sample = {"v": 1, "kind": "stack", "job": "j", "rank": 0, "thread": "MainThread",
+              "frames": ["a.py:f:1"] * 20}
+    for i in range(5):
+        store.add(parse_record({**sample, "t_ns": W + i}))
+    held = store.memory()["records"]
+    assert held > 0 and store.chunks(min_events=10**6, min_bytes=held + 1) == []
+    (handover,) = store.chunks(min_events=10**6, min_bytes=held)
+    assert len(handover.stacks) == 5 and handover.bytes == held
+    assert store.memory()["records"] == 0
+
+
+def test_rank_state_survives_a_snapshot():
+    """Identities, watermarks and closed windows round-trip through the log's snapshot."""
+    store = WindowStore(60, 10)
+    store.add(parse_record({"v": 1, "kind": "rank", "job": "j", "rank": 3, "world_size": 8,
+                            "host": "node-3", "coords": {"dp": 1, "tp": 2}}))
+    store.add(parse_record(kernels(rank=3, start=W + 1)))
+    store.close_all()
+    again = WindowStore(60, 10)
+    again.restore(orjson.loads(orjson.dumps(store.snapshot())))
+    assert again.identities() == store.identities()
+    assert again.add(parse_record(kernels(rank=3, start=W + 5))) == 5  # still closed

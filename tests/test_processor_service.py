@@ -5,117 +5,34 @@ S3 outage mid-run."""
 from __future__ import annotations
 
 import asyncio
-import gzip
 import os
 import signal
-import subprocess
-import sys
 import time
-import urllib.request
-from pathlib import Path
 
 import numpy as np
 import orjson
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from processor_support import (
+    T0,
+    W,
+    config,
+    expected_slices,
+    http_post,
+    kernel_batch,
+    named_events,
+    ndjson_gz,
+    post,
+    run,
+    slices_in,
+    start_processor,
+)
 from prometheus_client.parser import text_string_to_metric_families
-from support import free_port
 
-from argus_core.processor.service import SERVER_OPTIONS, Processor, ProcessorConfig, build_app
+from argus_core.processor.service import Processor
 from argus_core.processor.store import open_store, parse_key
 from argus_core.schema import parse_record
 from argus_core.summaries import summarize_kernels
 from argus_core.trace import TraceBuilder
-
-W = 60_000_000_000
-T0 = 1_795_003_200_000_000_000  # a whole minute
-
-
-def kernel_batch(rank: int, start: int, n: int = 400, job: str = "llm", seed: int = 0) -> dict:
-    rng = np.random.default_rng(seed + rank)
-    name = rng.integers(0, 3, n)
-    return {"v": 1, "kind": "kernels", "job": job, "rank": rank,
-            "names": ["sm90_gemm", "flash_fwd", "ncclDevKernel_AllReduce"],
-            "name": name.tolist(), "stream": np.where(name == 2, 13, 7).tolist(),
-            "start_ns": (start + np.arange(n) * 1_000_000).tolist(),  # 1 ms apart: no overlap
-            "dur_ns": (rng.lognormal(np.log(5e4), 0.2, n) * (1 + 9 * (name == 2))).astype(
-                int).tolist()}
-
-
-def ndjson_gz(*records: dict) -> bytes:
-    return gzip.compress(b"".join(orjson.dumps(r) + b"\n" for r in records))
-
-
-def slices_in(trace_gz: bytes) -> list[tuple[int, int, str]]:
-    """(start, end, name) of every kernel slice in a Perfetto file, parsed with its protos."""
-    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
-
-    trace = Trace.FromString(gzip.decompress(trace_gz))
-    names: dict[int, str] = {}
-    tracks: dict[int, str] = {}
-    open_slices: dict[int, list[tuple[int, str]]] = {}
-    out = []
-    for packet in trace.packet:
-        if packet.HasField("track_descriptor"):
-            tracks[packet.track_descriptor.uuid] = packet.track_descriptor.name
-        for entry in packet.interned_data.event_names:
-            names[entry.iid] = entry.name
-        if not packet.HasField("track_event"):
-            continue
-        event = packet.track_event
-        if not tracks.get(event.track_uuid, "").startswith("stream"):
-            continue
-        name = names.get(event.name_iid, event.name)
-        if event.type == TrackEvent.TYPE_SLICE_BEGIN:
-            open_slices.setdefault(event.track_uuid, []).append((packet.timestamp, name))
-        elif event.type == TrackEvent.TYPE_SLICE_END:
-            start, name = open_slices[event.track_uuid].pop()
-            out.append((start, packet.timestamp, name))
-    return sorted(out)
-
-
-def named_events(trace_gz: bytes) -> set[str]:
-    """Names of the non-kernel events of a Perfetto file, and its process name."""
-    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace
-
-    names = set()
-    for packet in Trace.FromString(gzip.decompress(trace_gz)).packet:
-        if packet.HasField("track_event") and packet.track_event.HasField("name"):
-            names.add(packet.track_event.name)
-        if packet.track_descriptor.HasField("process"):
-            names.add(packet.track_descriptor.process.process_name)
-    return names
-
-
-def expected_slices(*batches: dict) -> list[tuple[int, int, str]]:
-    return sorted((s, s + d, b["names"][n]) for b in batches
-                  for s, d, n in zip(b["start_ns"], b["dur_ns"], b["name"], strict=True))
-
-
-def config(tmp_path: Path, **overrides) -> ProcessorConfig:
-    return ProcessorConfig(store=f"file://{tmp_path}/store", spool_dir=str(tmp_path / "spool"),
-                           window_s=60, grace_s=5, **overrides)
-
-
-def run(processor: Processor, scenario) -> None:
-    """Run ``scenario(client)`` against the app on a real loopback port, then shut down."""
-    async def main():
-        server = TestServer(build_app(processor))
-        await server.start_server(**SERVER_OPTIONS)  # the options serve() runs with
-        client = TestClient(server)
-        await client.start_server()
-        try:
-            await scenario(client)
-        finally:
-            await client.close()  # runs on_shutdown: the drain
-
-    asyncio.run(main())
-
-
-def post(client, body: bytes, **headers):
-    return client.post("/v1/records", data=body,
-                       headers={"Content-Type": "application/x-ndjson",
-                                "Content-Encoding": "gzip", **headers})
 
 
 @pytest.mark.parametrize("chunk_events", [65_536, 150])
@@ -214,9 +131,9 @@ def test_metrics_of_several_jobs_are_one_family_per_name(tmp_path):
     assert jobs == {"llm", "vision"}
 
 
-def test_unfinished_windows_of_a_crashed_processor_are_salvaged(tmp_path):
-    """A processor killed mid-window leaves its file in the spool: the next one uploads the
-    chunks it had written."""
+def test_without_a_log_unfinished_windows_of_a_crashed_processor_are_salvaged(tmp_path):
+    """With --durability memory (no log), a processor killed mid-window leaves its file in
+    the spool: the next one uploads the chunks it had written."""
     from argus_core.processor.service import WINDOWS_DIR
     from argus_core.processor.store import trace_key
     from argus_core.processor.window_output import WindowOutput
@@ -231,7 +148,8 @@ def test_unfinished_windows_of_a_crashed_processor_are_salvaged(tmp_path):
                                            np.array(batch["dur_ns"])))
     del output  # the crash: no finish, the file stays behind
 
-    processor = Processor(config(tmp_path))
+    processor = Processor(config(tmp_path, durability="memory"))
+    processor.recover()
     assert processor.salvaged_windows == 1
     processor.drain(timeout=10)
     store = open_store(f"file://{tmp_path}/store")
@@ -326,31 +244,41 @@ def test_bearer_token(tmp_path):
 
 
 def test_backpressure_answers_503_with_retry_after(tmp_path):
-    """Past the buffered-events bound: 503 + Retry-After, /readyz not ready; healthz stays ok."""
+    """Past the memory budget: 503 + Retry-After, /readyz not ready and says why; /healthz
+    stays ok; nothing refused was half-taken."""
     import threading
 
-    processor = Processor(config(tmp_path, max_buffered_events=500))
+    processor = Processor(config(tmp_path, memory_budget_bytes=2 << 20))
+    processor.recover()
     stalled = threading.Event()
     processor._writer.submit(stalled.wait)  # the writer is stuck (a slow disk)
+    accepted = []
 
     async def scenario(client):
         try:
-            assert (await post(client, ndjson_gz(kernel_batch(0, T0, n=600)))).status == 200
-            response = await post(client, ndjson_gz(kernel_batch(0, T0)))
+            for i in range(40):
+                response = await post(client, ndjson_gz(kernel_batch(0, T0 + i, n=5000)))
+                if response.status == 503:
+                    break
+                assert response.status == 200
+                accepted.append(5000)
             assert response.status == 503 and response.headers["Retry-After"] == "1"
-            assert (await client.get("/readyz")).status == 503
+            assert "memory budget full" in (await response.json())["error"]
+            ready = await client.get("/readyz")
+            assert ready.status == 503 and "memory budget" in (await ready.json())["reasons"][0]
             assert (await client.get("/healthz")).status == 200
         finally:
             stalled.set()
 
     run(processor, scenario)
-    assert processor.kernel_events_written == 600  # nothing refused was half-taken
+    assert 0 < sum(accepted) == processor.kernel_events_written
 
 
 def test_partly_filled_chunks_of_many_windows_never_wedge_intake(tmp_path):
-    """Many windows each holding less than a chunk can add up to the bound: they are handed
-    to the writer then, so intake resumes instead of answering 503 until windows close."""
-    processor = Processor(config(tmp_path, max_buffered_events=2000, chunk_events=1000))
+    """Many windows each holding less than a chunk can add up to the budget: past half of it
+    they are handed to the writer, so intake resumes instead of answering 503 until windows
+    close."""
+    processor = Processor(config(tmp_path, memory_budget_bytes=6 << 20, chunk_events=100_000))
 
     async def post_until_taken(client, body: bytes) -> None:
         for _ in range(250):  # 5 s at most: a wedged intake would answer 503 for 65 s
@@ -362,41 +290,16 @@ def test_partly_filled_chunks_of_many_windows_never_wedge_intake(tmp_path):
         raise AssertionError("intake stayed 503")
 
     async def scenario(client):
-        for rank in range(8):  # 8 windows x 400 kernels: none has a chunk's worth
-            await post_until_taken(client, ndjson_gz(kernel_batch(rank, T0, n=400)))
-        await post_until_taken(client, ndjson_gz(kernel_batch(0, T0 + 10**9)))
+        for rank in range(8):  # 8 windows x 20,000 kernels: none has a chunk's worth
+            await post_until_taken(client, ndjson_gz(kernel_batch(rank, T0, n=20_000)))
+        await post_until_taken(client, ndjson_gz(kernel_batch(0, T0 + 25 * 10**9, n=20_000)))
         assert processor.windows_written == 0  # taken without any window closing
 
     run(processor, scenario)
-    assert processor.kernel_events_written == 8 * 400 + 400
+    assert processor.kernel_events_written == 9 * 20_000
 
 
 # -- the real service process ----------------------------------------------------------------
-def start_processor(tmp_path: Path, store: str, env: dict | None = None, *args: str) -> tuple:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "argus_core.cli", "processor", "--listen", f"127.0.0.1:{port}",
-         "--store", store, "--spool", str(tmp_path / "spool"), "--window", "60",
-         "--grace", "1", *args], env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT)
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
-            return proc, port
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(proc.stdout.read().decode())
-
-
-def http_post(port: int, body: bytes) -> int:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/records", data=body,
-                                     headers={"Content-Encoding": "gzip"})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return response.status
-
-
 def test_sigterm_writes_every_open_window(tmp_path):
     """SIGTERM: open windows are closed, written and uploaded before the process exits."""
     proc, port = start_processor(tmp_path, f"file://{tmp_path}/store")
@@ -408,35 +311,6 @@ def test_sigterm_writes_every_open_window(tmp_path):
     assert "drained: windows=6 kernel_events_written=300" in output
     keys = [o.key for o in open_store(f"file://{tmp_path}/store").list()]
     assert len(keys) == 6
-
-
-def test_killed_processor_leaves_windows_the_next_one_uploads(tmp_path):
-    """SIGKILL mid-window (OOM killer, node drain gone wrong): the chunks already on disk are
-    uploaded by the next processor on the same spool."""
-    store = f"file://{tmp_path}/store"
-    proc, port = start_processor(tmp_path, store, None, "--chunk-events", "100")
-    batches = [kernel_batch(r, T0 + 1000, n=450) for r in range(2)]
-    assert http_post(port, ndjson_gz(*batches)) == 200
-    deadline = time.time() + 30  # wait until the writer has put chunks on disk
-    windows = tmp_path / "spool" / "windows"
-    while time.time() < deadline and len(list(windows.glob("*.part"))) < 2:
-        time.sleep(0.05)
-    time.sleep(0.5)
-    proc.kill()
-    proc.communicate(timeout=30)
-    assert len(list(windows.glob("*.part"))) == 2
-
-    proc, port = start_processor(tmp_path, store)
-    proc.send_signal(signal.SIGTERM)
-    output = proc.communicate(timeout=60)[0].decode()
-    assert proc.returncode == 0 and output.count("salvaged unfinished window") == 2, output
-    objects = open_store(store).list()
-    assert len(objects) == 2 and not list(windows.iterdir())
-    for info in objects:
-        batch = batches[parse_key(info.key).rank]
-        got, want = slices_in(open_store(store).get(info.key)), expected_slices(batch)
-        # Whole chunks survive; each stream's newest kernel was held back, not yet written.
-        assert set(got) <= set(want) and len(got) == len(want) - 2
 
 
 def test_s3_outage_mid_run_loses_no_window(tmp_path, s3):

@@ -11,6 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from argus_core.schema import (
+    MAX_DURATION_NS,
+    MAX_TIMESTAMP_NS,
     KernelBatch,
     RankRecord,
     SchemaError,
@@ -136,7 +138,7 @@ def test_stack_record_with_no_frames_is_valid():
 
 
 @pytest.mark.parametrize("value", [2**53 + 1, 2**53 + 3, 2**60 + 7, 1_790_000_000_123_456_789,
-                                   2**63 - 1])
+                                   MAX_TIMESTAMP_NS])
 def test_start_ns_above_2_pow_53_is_kept_exactly(value):
     """Nanosecond timestamps beyond float64 precision (2**53) survive parsing bit-exactly."""
     rec = parse_record(with_(KERNELS, start_ns=[1, value, value - 2]))
@@ -249,6 +251,25 @@ BAD_RECORDS = [
      ["array of frame strings"]),
     ("stack-frames-missing", with_(STACK, frames=...), "frames", ["array of frame strings"]),
     ("stack-t-ns-negative", with_(STACK, t_ns=-1), "t_ns", [">= 0"]),
+    # Bounds: what a real job can produce (an absurd value used to break the window's file).
+    ("step-wall-1e300", with_(STEP, wall_s=1e300), "wall_s", ["<= 86400", "1e+300"]),
+    ("step-gpu-two-days", with_(STEP, gpu_s=172_800), "gpu_s", ["one day"]),
+    ("step-phase-huge", with_(STEP, phases={"forward": 1e20}), "phases.forward", ["<= 86400"]),
+    ("step-t-ns-near-2-pow-64", with_(STEP, t_ns=2**64 - 5), "t_ns", ["<= 4102444800"]),
+    ("step-t-ns-year-2200", with_(STEP, t_ns=7_258_118_400 * 10**9), "t_ns", ["<="]),
+    ("step-number-huge", with_(STEP, step=2**60), "step", ["<= 9007199254740992"]),
+    ("stack-t-ns-beyond-2100", with_(STACK, t_ns=MAX_TIMESTAMP_NS + 1), "t_ns", ["<="]),
+    ("rank-huge", with_(STEP, rank=2**40), "rank", ["<= 2147483647"]),
+    ("world-size-huge", with_(RANK, world_size=2**40), "world_size", ["<="]),
+    ("coords-huge", with_(RANK, coords={"dp": 2**35}), "coords.dp", ["<="]),
+    ("kernels-start-beyond-2100", with_(KERNELS, start_ns=[1, MAX_TIMESTAMP_NS + 1, 3]),
+     "start_ns[1]", ["out of range"]),
+    ("kernels-dur-two-days", with_(KERNELS, dur_ns=[1, 2, 2 * MAX_DURATION_NS]), "dur_ns[2]",
+     ["out of range"]),
+    ("job-too-long", with_(STEP, job="j" * 5000), "job", ["longer than 4096"]),
+    ("kernel-name-too-long", with_(KERNELS, names=["gemm", "x" * 70_000]), "names",
+     ["longer than 65536"]),
+    ("stack-too-deep", with_(STACK, frames=["f.py:g:1"] * 5000), "frames", ["more than 4096"]),
 ]
 
 
@@ -295,9 +316,9 @@ def kernel_batches(draw):
     n = draw(st.integers(0, 40))
     column = lambda lo, hi: st.lists(st.integers(lo, hi), min_size=n, max_size=n)  # noqa: E731
     rec = {"v": 1, "kind": "kernels", "job": draw(st.text(min_size=1, max_size=8)),
-           "rank": draw(st.integers(0, 2**31)), "names": names,
+           "rank": draw(st.integers(0, 2**31 - 1)), "names": names,
            "name": draw(column(0, len(names) - 1)), "stream": draw(column(0, 2**31)),
-           "start_ns": draw(column(0, 2**63 - 1)), "dur_ns": draw(column(0, 2**40))}
+           "start_ns": draw(column(0, MAX_TIMESTAMP_NS)), "dur_ns": draw(column(0, 2**40))}
     # Some writers emit integral floats (500.0): that takes the column-by-column path.
     float_durations = draw(st.booleans())
     return rec, ([float(d) for d in rec["dur_ns"]] if float_durations else None)

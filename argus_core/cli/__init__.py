@@ -41,8 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.run(args) or 0)
     except ModuleNotFoundError as exc:
-        print(f"argus {args.command}: needs the '{exc.name}' package; install "
-              f"'argus-failslow[analysis]'", file=sys.stderr)
+        extra = "service" if args.command in ("processor", "traces") else "analysis"
+        print(f"argus {args.command}: needs the '{exc.name}' package; install the "
+              f"'{extra}' extra (pip install '.[{extra}]' in a checkout, or the wheel with "
+              f"[{extra}])", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -8,12 +8,17 @@ import os
 import sys
 
 PROGRESS_MIN_BYTES = 32 << 20  # below this, reading takes well under a few seconds
+NOTHING_JUDGED = 3
+"""Exit status when no level had data to judge (no steps, no kernels): not healthy, unknown."""
 
 
 def register(commands) -> None:
     """Add the subcommand to the CLI."""
     p = commands.add_parser("diagnose", help="diagnose recorded traces (files, dirs, .gz, -)",
-                            description="Progressive fail-slow diagnosis of recorded traces.")
+                            description="Progressive fail-slow diagnosis of recorded traces. "
+                                        "Exit status: 0 diagnosed (levels without data are "
+                                        "listed as not judged), 2 bad input, 3 no level had "
+                                        "data to judge.")
     p.add_argument("paths", nargs="+", metavar="PATH",
                    help="NDJSON trace files or directories (recursively), .gz allowed, - = stdin")
     p.add_argument("--json", action="store_true", help="print the machine-readable document")
@@ -55,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     """Run the subcommand."""
     from argus_core.detect.diagnose import DiagnoseConfig, diagnose
     from argus_core.reader import InputError
+    from argus_core.report.coverage import LEVELS, not_judged
 
     try:
         result = load(args.paths)
@@ -73,8 +79,11 @@ def run(args: argparse.Namespace) -> int:
     job = args.job or next(iter(result.traces))
     config = DiagnoseConfig(window_s=args.window, peer_axis=args.peer_axis)
     diagnosis = diagnose(result.traces[job], config)
+    blind = not_judged(diagnosis)
     if args.json:
-        json.dump(diagnosis.to_json(), sys.stdout, indent=1)
+        document = diagnosis.to_json()
+        document["not_judged"] = [n.to_json() for n in blind]
+        json.dump(document, sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
         from rich.console import Console
@@ -87,7 +96,11 @@ def run(args: argparse.Namespace) -> int:
 
         for path in write_plots(diagnosis, args.plot):
             print(f"wrote {path}", file=sys.stderr)
-    return 0
+    if args.json:  # the text report says it in place
+        for missing in blind:
+            print(f"argus diagnose: warning: {missing.level.upper()} not judged: "
+                  f"{missing.reason}", file=sys.stderr)
+    return NOTHING_JUDGED if len(blind) == len(LEVELS) else 0
 
 
 def _report_rejects(result) -> None:

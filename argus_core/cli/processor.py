@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
+
+from argus_core.processor.config import DURABILITY, ProcessorConfig
+
+_DEFAULTS = ProcessorConfig()
 
 
 def register(commands) -> None:
@@ -14,7 +17,8 @@ def register(commands) -> None:
         "processor", help="run the per-host processor (ingest, windows, Perfetto, /metrics)",
         description="Serve POST /v1/records (schema v1, as Vector's http sink sends it), "
                     "compress kernels per window into /metrics summaries and write one "
-                    "Perfetto file per rank and window to the trace store.")
+                    "Perfetto file per rank and window to the trace store. A 2xx means the "
+                    "records are in the write-ahead log on disk.")
     p.add_argument("--listen", default="127.0.0.1:9700", metavar="HOST:PORT",
                    help="address to serve on (default 127.0.0.1:9700: loopback only)")
     p.add_argument("--store", default=os.environ.get("ARGUS_STORE",
@@ -22,21 +26,56 @@ def register(commands) -> None:
                    help="file:///dir or s3://bucket/prefix (default $ARGUS_STORE or "
                         "file:///var/lib/argus/traces)")
     p.add_argument("--spool", default="/var/lib/argus/spool", metavar="DIR",
-                   help="upload spool directory (survives restarts); windows being written "
-                        "live in its windows/ subdirectory")
+                   help="state directory that survives restarts: the upload spool, windows "
+                        "being written (windows/) and the write-ahead log (wal/)")
     p.add_argument("--spool-max-mb", type=int, default=None,
-                   help="upload spool cap (default 4096 MB); beyond it files are dropped, counted")
-    p.add_argument("--window", type=float, default=60.0, metavar="SECONDS")
-    p.add_argument("--grace", type=float, default=10.0, metavar="SECONDS",
-                   help="how long a window waits for late records")
-    p.add_argument("--max-body-mb", type=int, default=64, help="decompressed body limit")
-    p.add_argument("--max-buffered-events", type=int, default=4_000_000,
-                   help="kernel events waiting to be written before answering 503 "
-                        "(~28 B each; default 4,000,000)")
-    p.add_argument("--chunk-events", type=int, default=65_536,
+                   help="upload spool cap (default 4096 MB); past 90%% of it intake answers "
+                        "503, beyond it files are dropped and counted")
+    p.add_argument("--window", type=float, default=_DEFAULTS.window_s, metavar="SECONDS",
+                   help="record time per window, file and summary (default 60)")
+    p.add_argument("--grace", type=float, default=_DEFAULTS.grace_s, metavar="SECONDS",
+                   help="how long a window waits for late records (default 10)")
+    p.add_argument("--max-body-mb", type=int, default=_DEFAULTS.max_body_bytes >> 20,
+                   help="decompressed body limit (default 64)")
+    p.add_argument("--max-skew", type=float, default=_DEFAULTS.max_skew_s, metavar="SECONDS",
+                   help="refuse records stamped further ahead of this host's clock "
+                        "(default 300)")
+    p.add_argument("--max-age", type=float, default=_DEFAULTS.max_age_s, metavar="SECONDS",
+                   help="refuse records older than this (default 86400: one day)")
+    p.add_argument("--memory-budget-mb", type=int,
+                   default=_DEFAULTS.memory_budget_bytes >> 20,
+                   help="everything held in memory, every kind of record (default 512); past "
+                        "it intake answers 503")
+    p.add_argument("--durability", choices=DURABILITY, default=_DEFAULTS.durability,
+                   help="what a 2xx waits for: 'write' (default: the records are written to "
+                        "the log; a process crash loses nothing), 'fsync' (also fsynced: a "
+                        "machine crash loses nothing), 'memory' (no log)")
+    p.add_argument("--wal-sync-interval", type=float, default=_DEFAULTS.wal_sync_interval_s,
+                   metavar="SECONDS", help="with --durability write, fsync the log this often")
+    p.add_argument("--wal-max-mb", type=int, default=_DEFAULTS.wal_max_bytes >> 20,
+                   help="write-ahead log on disk beyond which intake answers 503 "
+                        "(default 8192)")
+    p.add_argument("--chunk-events", type=int, default=_DEFAULTS.chunk_events,
                    help="a window's kernels are appended to its file and sketch in chunks "
                         "of this many (default 65,536)")
-    p.add_argument("--top-k", type=int, default=32, help="kernels per rank on /metrics")
+    p.add_argument("--state-ttl", type=float, default=_DEFAULTS.state_ttl_s,
+                   metavar="SECONDS",
+                   help="forget a rank's identity, state and /metrics summaries this long "
+                        "after its last record (default 3600)")
+    p.add_argument("--max-ranks", type=int, default=_DEFAULTS.max_ranks,
+                   help="(job, rank) pairs remembered at most; the least recently seen go "
+                        "first (default 65,536)")
+    p.add_argument("--max-connections", type=int, default=_DEFAULTS.max_connections,
+                   help="client connections at most (default 1024); a new one beyond it "
+                        "evicts the one stalled longest")
+    p.add_argument("--read-timeout", type=float, default=_DEFAULTS.read_timeout_s,
+                   metavar="SECONDS",
+                   help="longest wait for the next bytes of a request body (default 10)")
+    p.add_argument("--idle-timeout", type=float, default=_DEFAULTS.idle_timeout_s,
+                   metavar="SECONDS",
+                   help="a connection's request headers must arrive within this (default 30)")
+    p.add_argument("--top-k", type=int, default=_DEFAULTS.top_k,
+                   help="kernels per rank on /metrics")
     p.add_argument("--token-env", default="ARGUS_PROCESSOR_TOKEN", metavar="VAR",
                    help="environment variable holding the bearer token (unset: no auth)")
     p.set_defaults(run=run)
@@ -44,7 +83,7 @@ def register(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the service until SIGTERM/SIGINT."""
-    from argus_core.processor.service import ProcessorConfig, serve
+    from argus_core.processor.service import serve
 
     host, sep, port = args.listen.rpartition(":")
     if not sep or not port.isdigit():
@@ -57,12 +96,15 @@ def run(args: argparse.Namespace) -> int:
                          else ProcessorConfig.max_spool_bytes),
         token=os.environ.get(args.token_env) or None,
         window_s=args.window, grace_s=args.grace, max_body_bytes=args.max_body_mb << 20,
-        max_buffered_events=args.max_buffered_events, chunk_events=args.chunk_events,
-        top_k=args.top_k)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        max_skew_s=args.max_skew, max_age_s=args.max_age,
+        memory_budget_bytes=args.memory_budget_mb << 20, durability=args.durability,
+        wal_sync_interval_s=args.wal_sync_interval, wal_max_bytes=args.wal_max_mb << 20,
+        chunk_events=args.chunk_events, state_ttl_s=args.state_ttl, max_ranks=args.max_ranks,
+        max_connections=args.max_connections, read_timeout_s=args.read_timeout,
+        idle_timeout_s=args.idle_timeout, top_k=args.top_k)
     try:
         serve(config)
-    except ValueError as exc:  # a bad store URL
+    except ValueError as exc:  # a bad store URL or setting
         print(f"argus processor: error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -234,8 +234,9 @@ def _guard(action: str, body) -> int:
     except ModuleNotFoundError as exc:
         if exc.name not in ("boto3", "botocore"):
             raise
-        print(f"argus traces {action}: error: s3:// stores need boto3; install "
-              f"'argus-failslow[service]' (or pip install boto3)", file=sys.stderr)
+        print(f"argus traces {action}: error: s3:// stores need boto3; install the 'service' "
+              f"extra (pip install '.[service]' in a checkout) or pip install boto3",
+              file=sys.stderr)
         return 2
 
 

@@ -394,31 +394,43 @@ def _annotate(event: TrackEvent, name: str, value: float | int | str) -> None:
         note.double_value = value
 
 
-def _add_steps_and_phases(builder: TraceProtoBuilder, steps: list, seq: int) -> None:
-    """Steps as slices t_ns .. t_ns + wall_s; phases laid out back to back inside each step.
+def _add_step(builder: TraceProtoBuilder, record: Any, end: int | None, seq: int) -> None:
+    """One step as a slice t_ns .. ``end``, its phases laid out back to back inside it.
 
     Phases have only durations (device time from CUDA events), no start times: they are placed
     sequentially from the step's ``t_ns`` in record order, on the "phases (approximate
     placement)" track, and clipped at the step's end (communication overlapping compute makes
-    their sum exceed the wall time); ``measured_s`` keeps each phase's recorded duration. A
-    step that runs past the next step's start is clipped there, so slices nest.
+    their sum exceed the wall time); ``measured_s`` keeps each phase's recorded duration.
     """
-    ordered = sorted(steps, key=lambda r: int(_get(r, "t_ns")))
+    if end is None:
+        raise ValueError(f"step {_get(record, 'step')}: wall_s {_get(record, 'wall_s')!r} is "
+                         "not a duration in ns")
+    begin = int(_get(record, "t_ns"))
+    event = _slice(builder, seq, _STEPS, f"step {_get(record, 'step')}", begin, end)
+    _annotate(event, "wall_s", float(_get(record, "wall_s") or 0.0))
+    _annotate(event, "gpu_s", float(_get(record, "gpu_s") or 0.0))
+    cursor = begin
+    for phase, seconds in (_get(record, "phases") or {}).items():
+        phase_end = min(cursor + _ns(seconds), end)
+        event = _slice(builder, seq, _PHASES, phase, cursor, phase_end)
+        _annotate(event, "measured_s", float(seconds or 0.0))
+        _annotate(event, "step", int(_get(record, "step")))
+        cursor = phase_end
+
+
+def _step_ends(ordered: list) -> list[int | None]:
+    """Each step's end, t_ns + wall_s, clipped at the next step's start so slices nest
+    (None where the duration cannot be read as nanoseconds)."""
+    begins = [int(_get(r, "t_ns")) for r in ordered]
+    ends: list[int | None] = []
     for i, record in enumerate(ordered):
-        begin = int(_get(record, "t_ns"))
-        end = begin + _ns(_get(record, "wall_s"))
-        if i + 1 < len(ordered):
-            end = min(end, int(_get(ordered[i + 1], "t_ns")))
-        event = _slice(builder, seq, _STEPS, f"step {_get(record, 'step')}", begin, end)
-        _annotate(event, "wall_s", float(_get(record, "wall_s") or 0.0))
-        _annotate(event, "gpu_s", float(_get(record, "gpu_s") or 0.0))
-        cursor = begin
-        for phase, seconds in (_get(record, "phases") or {}).items():
-            phase_end = min(cursor + _ns(seconds), end)
-            event = _slice(builder, seq, _PHASES, phase, cursor, phase_end)
-            _annotate(event, "measured_s", float(seconds or 0.0))
-            _annotate(event, "step", int(_get(record, "step")))
-            cursor = phase_end
+        try:
+            end = begins[i] + _ns(_get(record, "wall_s"))
+        except (OverflowError, ValueError, TypeError):
+            ends.append(None)
+            continue
+        ends.append(min(end, begins[i + 1]) if i + 1 < len(ordered) else end)
+    return ends
 
 
 def _callstack(frames: tuple[str, ...]) -> TrackEvent.InlineCallstack:
@@ -435,32 +447,29 @@ def _callstack(frames: tuple[str, ...]) -> TrackEvent.InlineCallstack:
     return stack
 
 
-def _add_stacks(builder: TraceProtoBuilder, stacks: list, threads: dict[str, int], seq: int,
-                ) -> None:
-    """Stack samples as instant events named by the innermost frame, one track per thread.
+def _add_stack(builder: TraceProtoBuilder, record: Any, track: int, seq: int,
+               cache: dict[tuple[str, ...], TrackEvent.InlineCallstack]) -> None:
+    """One stack sample as an instant event named by its innermost frame.
 
-    Each carries the stack twice: as ``TrackEvent.callstack`` (Perfetto's inline callstack,
+    It carries the stack twice: as ``TrackEvent.callstack`` (Perfetto's inline callstack,
     outermost frame first, which the UI aggregates into a flamegraph over a selection) and as a
     ``stack`` debug annotation listing the frames, outermost first, readable in the details.
     """
-    cache: dict[tuple[str, ...], TrackEvent.InlineCallstack] = {}
-    for record in sorted(stacks, key=lambda r: int(_get(r, "t_ns"))):
-        frames = tuple(_get(record, "frames") or ())
-        thread = _get(record, "thread") or ""
-        packet = builder.add_packet()
-        packet.timestamp, packet.trusted_packet_sequence_id = int(_get(record, "t_ns")), seq
-        event = packet.track_event
-        event.type, event.track_uuid = TrackEvent.TYPE_INSTANT, threads[thread]
-        event.name = frames[-1] if frames else "(empty stack)"
-        if frames:
-            if frames not in cache:
-                cache[frames] = _callstack(frames)
-            event.callstack.CopyFrom(cache[frames])
-        _annotate(event, "thread", thread)
-        note = event.debug_annotations.add()
-        note.name = "stack"
-        for text in frames:
-            note.array_values.add().string_value = text
+    frames = tuple(_get(record, "frames") or ())
+    packet = builder.add_packet()
+    packet.timestamp, packet.trusted_packet_sequence_id = int(_get(record, "t_ns")), seq
+    event = packet.track_event
+    event.type, event.track_uuid = TrackEvent.TYPE_INSTANT, track
+    event.name = frames[-1] if frames else "(empty stack)"
+    if frames:
+        if frames not in cache:
+            cache[frames] = _callstack(frames)
+        event.callstack.CopyFrom(cache[frames])
+    _annotate(event, "thread", _get(record, "thread") or "")
+    note = event.debug_annotations.add()
+    note.name = "stack"
+    for text in frames:
+        note.array_values.add().string_value = text
 
 
 # --- assembly ----------------------------------------------------------------------------------
@@ -510,6 +519,9 @@ class TraceWriter:
         self.clipped = 0  # kernel ends clipped at the next kernel's start
         self.reordered = 0  # kernels written to a reordered lane
         self.kernels = 0  # kernels written
+        self.skipped = 0  # steps and stack samples that could not be encoded (left out)
+        self._threads: dict[str, int] = {}  # stack-sample thread -> its track
+        self._callstacks: dict[tuple[str, ...], TrackEvent.InlineCallstack] = {}
         builder = TraceProtoBuilder()
         first = builder.add_packet()
         first.trusted_packet_sequence_id = _SEQUENCE
@@ -659,26 +671,61 @@ class TraceWriter:
             state = self._streams[stream] = _Stream(self._track(builder, stream, 0))
         return state
 
+    def add_stacks(self, stacks: Iterable) -> None:
+        """Write stack samples now (instant events need no neighbours): a window's samples
+        never pile up in memory until it closes."""
+        if self._finished:
+            raise RuntimeError("the trace is finished")
+        stacks = list(stacks)
+        if not stacks:
+            return
+        builder = TraceProtoBuilder()
+        for thread in sorted({_get(r, "thread") or "" for r in stacks} - set(self._threads)):
+            if not self._threads:
+                self._child(builder, _STACKS, "host stacks",
+                            "Host Python stack samples (py-spy).", _STACKS_RANK)
+            uuid = self._threads[thread] = _THREAD_TRACK_BASE + len(self._threads)
+            desc = self._descriptor(builder, uuid)
+            desc.parent_uuid, desc.name = _STACKS, thread or "(unnamed thread)"
+            desc.sibling_order_rank = len(self._threads)
+        self._write(builder.serialize())
+        self._write_each(stacks, lambda b, r: _add_stack(
+            b, r, self._threads[_get(r, "thread") or ""], _SEQUENCE, self._callstacks))
+
+    def _write_each(self, records: list, add: Callable[[TraceProtoBuilder, Any], None]) -> None:
+        """Encode records all at once; if one cannot be encoded, one by one, leaving out (and
+        counting) only the records that fail: one bad record never costs the others."""
+        builder = TraceProtoBuilder()
+        try:
+            for record in records:
+                add(builder, record)
+            self._write(builder.serialize())
+            return
+        except Exception:
+            pass
+        for record in records:
+            single = TraceProtoBuilder()
+            try:
+                add(single, record)
+                data = single.serialize()
+            except Exception as exc:
+                self.skipped += 1
+                _log.warning("%s rank %d: left out a record that cannot be encoded (%s: %s)",
+                             self.job, self.rank, type(exc).__name__, exc)
+                continue
+            self._write(data)
+
     def finish(self, names: Sequence[str], steps: Iterable = (), stacks: Iterable = ()) -> None:
-        """Write the held-back kernels, the steps and phases, and the stack samples."""
+        """Write the held-back kernels, the steps and phases, and the last stack samples."""
         if self._finished:
             return
         empty = np.zeros(0, dtype=np.int64)
         self._write_chunk(names, empty, empty, empty, empty, final=True)
+        self.add_stacks(stacks)
         self._finished = True
-        steps, stacks = list(steps), list(stacks)
-        builder = TraceProtoBuilder()
-        threads = {t: _THREAD_TRACK_BASE + i
-                   for i, t in enumerate(sorted({_get(r, "thread") or "" for r in stacks}))}
-        if threads:
-            self._child(builder, _STACKS, "host stacks", "Host Python stack samples (py-spy).",
-                        _STACKS_RANK)
-            for thread, uuid in threads.items():
-                desc = self._descriptor(builder, uuid)
-                desc.parent_uuid, desc.name = _STACKS, thread or "(unnamed thread)"
-        _add_steps_and_phases(builder, steps, _SEQUENCE)
-        _add_stacks(builder, stacks, threads, _SEQUENCE)
-        self._write(builder.serialize())
+        ordered = sorted(steps, key=lambda r: int(_get(r, "t_ns")))
+        ends = dict(zip(map(id, ordered), _step_ends(ordered), strict=True))
+        self._write_each(ordered, lambda b, r: _add_step(b, r, ends[id(r)], _SEQUENCE))
         if self.clipped:
             _log.debug("%s rank %d: clipped %d overlapping kernels", self.job, self.rank,
                        self.clipped)

@@ -51,8 +51,6 @@ STORE_ENV = "ARGUS_STORE"
 """Environment variable naming the trace store URL (processor and ``argus traces``)."""
 DEFAULT_STORE_URL = "file:///var/lib/argus/traces"
 """Where traces go when ``ARGUS_STORE`` is not set: a local directory on the processor host."""
-DEFAULT_MAX_SPOOL_BYTES = 4 << 30
-"""Spool cap for a processor host (4 GiB, as ``argus processor --spool-max-mb`` defaults)."""
 SUFFIX = ".pftrace.gz"
 MAX_JOB_SEGMENT = 128
 S3_CONNECT_TIMEOUT_S = 3.0
@@ -214,6 +212,10 @@ class TraceStore(Protocol):
         """The bytes stored under ``key``; NotFoundError if absent, StoreError on failure."""
         ...
 
+    def check(self) -> None:
+        """Raise StoreError saying why the store cannot take files (missing bucket, denied)."""
+        ...
+
 
 class FileStore:
     """A local directory as a store: key ``a/b/c`` is the file ``{root}/a/b/c``."""
@@ -270,6 +272,15 @@ class FileStore:
         except OSError as exc:
             raise StoreError(f"cannot list {top}: {exc}") from exc
         return sorted(found, key=lambda info: info.key)
+
+    def check(self) -> None:
+        """The root directory exists (or can be made) and is writable."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create {self.root}: {exc}") from exc
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise StoreError(f"{self.root} is not writable")
 
     def get(self, key: str) -> bytes:
         """Read the whole file."""
@@ -351,6 +362,22 @@ class S3Store:
         except Exception as exc:
             raise self._fail("list", prefix, exc, of_key=False) from exc
         return found
+
+    def check(self) -> None:
+        """``head_bucket``: the bucket exists and these credentials may use it."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self._client.head_bucket(Bucket=self.bucket)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "?")
+            if code in ("404", "NoSuchBucket"):
+                raise StoreError(f"bucket {self.bucket!r} does not exist") from exc
+            if code in ("403", "AccessDenied"):
+                raise StoreError(f"access to bucket {self.bucket!r} denied") from exc
+            raise self._fail("reach", "", exc, of_key=False) from exc
+        except Exception as exc:
+            raise self._fail("reach", "", exc, of_key=False) from exc
 
     def get(self, key: str) -> bytes:
         """``get_object`` and read the body."""

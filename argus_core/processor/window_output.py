@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from argus_core.processor.memory import WINDOW_BYTES
 from argus_core.processor.perfetto import GzipWriter, TraceWriter
 from argus_core.processor.windows import KernelChunk
 from argus_core.stats.grouping import dense_ids
@@ -59,16 +60,25 @@ class WindowOutput:
         self._group_kernel: list[int] = []
         self._group_stream: list[int] = []
 
-    def add(self, names: Sequence[str], chunk: KernelChunk) -> None:
-        """Absorb one chunk of kernels (``chunk.name`` indexes ``names``)."""
-        if len(chunk) == 0:
-            return
-        local, (kernel, stream) = dense_ids(chunk.name.astype(np.int64), chunk.stream)
-        lookup = np.array([self._group(k, s) for k, s in zip(kernel.tolist(), stream.tolist(),
-                                                              strict=True)], dtype=np.int64)
-        self.sketch.add(lookup[local], chunk.dur_ns, len(self._group_of))
-        self.trace.add_kernels(names, chunk.name, chunk.stream, chunk.start_ns, chunk.dur_ns)
-        self._gzip.sync()
+    def add(self, names: Sequence[str], chunk: KernelChunk, stacks: Sequence = ()) -> None:
+        """Absorb one chunk of kernels (``chunk.name`` indexes ``names``) and stack samples."""
+        if stacks:
+            self.trace.add_stacks(stacks)
+        if len(chunk):
+            local, (kernel, stream) = dense_ids(chunk.name.astype(np.int64), chunk.stream)
+            lookup = np.array([self._group(k, s) for k, s in
+                               zip(kernel.tolist(), stream.tolist(), strict=True)],
+                              dtype=np.int64)
+            self.sketch.add(lookup[local], chunk.dur_ns, len(self._group_of))
+            self.trace.add_kernels(names, chunk.name, chunk.stream, chunk.start_ns,
+                                   chunk.dur_ns)
+        if stacks or len(chunk):
+            self._gzip.sync()
+
+    def memory_bytes(self) -> int:
+        """Estimated bytes this window's writer state holds (gzip state, sketch, groups)."""
+        sketch = sum(getattr(value, "nbytes", 0) for value in vars(self.sketch).values())
+        return WINDOW_BYTES + sketch + 200 * len(self._group_of)
 
     def _group(self, kernel: int, stream: int) -> int:
         group = self._group_of.get((kernel, stream))

@@ -54,23 +54,38 @@ def _iteration(d: Diagnosis, path: Path, plt) -> Path:
 
 
 def _phase_heatmap(d: Diagnosis, path: Path, plt) -> Path | None:
+    fig = phase_figure(d, plt)
+    if fig is None:
+        return None
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def phase_figure(d: Diagnosis, plt):
+    """The L2 heatmap: each rank's phase time over its group peers', on a log scale centred
+    on 1x and reaching the largest ratio, so 25x and 2x do not look alike (None: no data)."""
     ratios = d.l2.ratios
     if ratios is None or ratios.size == 0:
         return None
+    from matplotlib.colors import Normalize
+
+    shown = ratios[:64]
+    log_ratios = np.log2(np.clip(np.nan_to_num(shown, nan=1.0), 1 / 1024, 1024))
+    reach = max(1.0, float(np.abs(log_ratios).max()))  # at least 0.5x .. 2x
     fig, ax = plt.subplots(figsize=(1.2 + 0.9 * ratios.shape[1],
                                     1.5 + 0.22 * min(len(d.matrix.ranks), 64)))
-    shown = ratios[:64]
-    image = ax.imshow(np.nan_to_num(shown, nan=1.0), aspect="auto", cmap="RdBu_r", vmin=0,
-                      vmax=2)
+    image = ax.imshow(log_ratios, aspect="auto", cmap="RdBu_r",
+                      norm=Normalize(vmin=-reach, vmax=reach))
     ax.set_xticks(range(ratios.shape[1]), d.matrix.phase_names, rotation=45, ha="right")
     ax.set_yticks(range(len(shown)), [str(r) for r in d.matrix.ranks[:64]], fontsize=7)
     ax.set_ylabel("rank")
     ax.set_title("L2 phase time / group peers' median")
-    fig.colorbar(image, ax=ax, shrink=0.8)
+    ticks = np.arange(-np.floor(reach), np.floor(reach) + 1)
+    bar = fig.colorbar(image, ax=ax, shrink=0.8, ticks=ticks)
+    bar.ax.set_yticklabels([f"{2.0 ** t:g}x" for t in ticks])
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def _l3_scores(d: Diagnosis, path: Path, plt) -> Path | None:

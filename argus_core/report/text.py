@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from argus_core.detect.diagnose import Diagnosis, step_range
+from argus_core.report.coverage import NotJudged, not_judged
 
 NEXT_STEPS = {
     "compute": ("open rank {rank}'s kernel timeline around the slow kernels (Perfetto); check "
@@ -24,6 +25,7 @@ def render(diagnosis: Diagnosis, console: Console, rejected: int = 0) -> None:
     """Print the report for one job."""
     d = diagnosis
     m = d.matrix
+    blind = {n.level: n for n in not_judged(d)}
     console.print(f"[bold]Argus diagnosis[/bold] of job [cyan]{d.job}[/cyan]: "
                   f"{len(m.ranks)} ranks, steps {step_range(m)}, {d.kernel_count:,} kernels"
                   + (f", {rejected:,} records rejected" if rejected else ""))
@@ -35,7 +37,9 @@ def render(diagnosis: Diagnosis, console: Console, rejected: int = 0) -> None:
         median = float(np.nanmedian(d.l1.iteration_s)) if np.isfinite(d.l1.iteration_s).any() \
             else float("nan")
         console.print(f"median step {median:.3f} s over {int(d.l1.judged.sum())} judged steps")
-    if not d.l1.spikes and not d.l1.regressions:
+    if "l1" in blind:
+        console.print(f"[yellow]not judged[/yellow]: {blind['l1'].reason}")
+    elif not d.l1.spikes and not d.l1.regressions:
         console.print("[green]no spikes, no regressions[/green]")
     for step, ratio in d.l1.regressions:
         console.print(f"[red]regression[/red] from step {step}: {ratio:.2f}x slower")
@@ -48,6 +52,8 @@ def render(diagnosis: Diagnosis, console: Console, rejected: int = 0) -> None:
         for f in d.l2.findings:
             table.add_row(str(f.rank), f.phase, f.axis, f"{f.ratio:.2f}x", f"{f.z:.1f}", f.kind)
         console.print(table)
+    elif "l2" in blind:
+        console.print(f"[yellow]not judged[/yellow]: {blind['l2'].reason}")
     else:
         console.print("[green]no phase stragglers[/green]")
     waiters = sorted({r.rank for r in d.l2.roles if r.role == "waiter"})
@@ -58,9 +64,11 @@ def render(diagnosis: Diagnosis, console: Console, rejected: int = 0) -> None:
     console.rule("L3  degraded kernels (directional W1 vs. healthy peers)")
     if d.l3:
         table = Table("rank", "kernel", "stream", "score", box=None)
-        for f in sorted(d.l3, key=lambda f: (f.rank, -f.score)):
+        for f in d.l3:  # the order of --json's l3.stragglers
             table.add_row(str(f.rank), f.kernel, str(f.stream), f"+{f.score:.0%}")
         console.print(table)
+    elif "l3" in blind:
+        console.print(f"[yellow]not judged[/yellow]: {blind['l3'].reason}")
     else:
         console.print("[green]no kernel stragglers[/green]")
     if d.excused:
@@ -69,7 +77,7 @@ def render(diagnosis: Diagnosis, console: Console, rejected: int = 0) -> None:
 
     console.rule("Verdict")
     if not d.verdicts:
-        console.print("[green]healthy: nothing to act on[/green]")
+        console.print(_no_verdict(list(blind.values())))
         return
     for v in d.verdicts:
         console.print(f"[bold]rank {v.rank}[/bold]: [magenta]{v.cause}[/magenta]. {v.evidence}")
@@ -83,3 +91,23 @@ def render(diagnosis: Diagnosis, console: Console, rejected: int = 0) -> None:
         group = ",".join(str(x.rank) for x in d.verdicts if x.cause == v.cause)
         console.print(f"- {v.cause}: " + NEXT_STEPS[v.cause].format(
             job=d.job, rank=v.rank, group=group))
+    if blind:
+        console.print(f"[dim]{_levels(list(blind.values()))} could not judge this job[/dim]")
+
+
+def _levels(missing: list[NotJudged]) -> str:
+    """'L1 (no step records) and L2 (no step records)'."""
+    parts = [f"{n.level.upper()} ({n.reason})" for n in missing]
+    return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def _no_verdict(missing: list[NotJudged]) -> str:
+    """The verdict line when nothing was found: healthy only if every level could look."""
+    if not missing:
+        return "[green]healthy: nothing to act on[/green]"
+    if len(missing) == 3:
+        return (f"[red]nothing could be judged[/red]: {_levels(missing)}. Record steps "
+                "(ARGUS_PHASES=1) and kernels (ARGUS_KERNELS=1) to diagnose this job.")
+    judged = [lv.upper() for lv in ("l1", "l2", "l3") if lv not in {n.level for n in missing}]
+    return (f"[yellow]no verdict[/yellow]: {' and '.join(judged)} found nothing, but "
+            f"{_levels(missing)} could not judge this job: not a clean bill of health")

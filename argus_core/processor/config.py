@@ -1,0 +1,72 @@
+"""Everything ``argus processor`` can be told, with the defaults the README documents."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_MAX_SPOOL_BYTES = 4 << 30
+"""Upload spool cap for a processor host (4 GiB, as ``--spool-max-mb`` defaults)."""
+MAX_MEMBERS = 65_536
+"""Most gzip members or zstd frames one body may hold (Vector sends one; ``cat``-ed spool
+files a few thousand). Beyond it the body is refused before more work is spent on it."""
+
+DURABILITY = ("fsync", "write", "memory")
+"""``fsync``: a 2xx waits until the records' log entry is fsynced (nothing acknowledged is lost
+even to a power cut). ``write``: a 2xx waits until it is written to the log (nothing is lost to
+a process crash; a machine crash can lose the last ``wal_sync_interval_s`` of it). ``memory``:
+no log (a crash loses the records of open windows; for benchmarks and throw-away runs)."""
+
+
+@dataclass(frozen=True)
+class ProcessorConfig:
+    """Settings of one processor; ``validate`` names the first bad one."""
+
+    host: str = "127.0.0.1"
+    port: int = 9700
+    store: str = "file:///var/lib/argus/traces"
+    spool_dir: str = "/var/lib/argus/spool"
+    max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES
+    token: str | None = None
+    window_s: float = 60.0
+    grace_s: float = 10.0
+    # intake
+    max_body_bytes: int = 64 << 20  # decompressed
+    max_members: int = MAX_MEMBERS  # gzip members or zstd frames per body
+    max_skew_s: float = 300.0  # records stamped further ahead of our clock are refused
+    max_age_s: float = 86_400.0  # records older than this are refused
+    intake_threads: int = 2  # decompression and parsing, off the event loop
+    # memory and durability
+    memory_budget_bytes: int = 512 << 20  # everything held, every kind, estimated
+    max_pending_windows: int = 64  # closed windows waiting to be written
+    chunk_events: int = 65_536  # a window's kernels go to disk and sketch in chunks this big
+    chunk_bytes: int = 1 << 20  # ... and its stack samples once they hold this many bytes
+    durability: str = "write"
+    wal_sync_interval_s: float = 1.0  # "write": fsync the log this often
+    wal_segment_bytes: int = 64 << 20
+    wal_max_bytes: int = 8 << 30  # log on disk beyond which intake answers 503
+    # forgetting
+    state_ttl_s: float = 3600.0  # a rank's identity, state and summaries after its last record
+    max_ranks: int = 65_536  # (job, rank) pairs remembered; least recently seen go first
+    # connections
+    read_timeout_s: float = 10.0  # longest wait for the next piece of a request body
+    idle_timeout_s: float = 30.0  # a connection must send complete headers within this
+    max_connections: int = 1024
+    top_k: int = 32
+    retry_after_s: int = 1
+
+    def validate(self) -> ProcessorConfig:
+        """Return self, or raise ValueError naming the first setting out of range."""
+        if self.durability not in DURABILITY:
+            raise ValueError(f"durability must be one of {', '.join(DURABILITY)}, "
+                             f"not {self.durability!r}")
+        positive = ("window_s", "max_body_bytes", "max_members", "max_skew_s", "max_age_s",
+                    "intake_threads", "memory_budget_bytes", "max_pending_windows",
+                    "chunk_events", "chunk_bytes", "wal_sync_interval_s", "wal_segment_bytes",
+                    "wal_max_bytes", "state_ttl_s", "max_ranks", "read_timeout_s",
+                    "idle_timeout_s", "max_connections", "top_k", "max_spool_bytes")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.grace_s < 0:
+            raise ValueError(f"grace_s must be >= 0, got {self.grace_s}")
+        return self

@@ -1,0 +1,137 @@
+"""The processor's /metrics: kernel summaries per rank, rank identities, the service's health.
+
+A prometheus-client custom collector: fresh families on every scrape, one family per metric
+name whatever the number of jobs. It reads the processor without its lock (copies of dicts are
+atomic under the GIL), so a scrape never waits for the writer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from argus_core.processor.core import Processor, concat_summaries
+from argus_core.summaries import KernelSummary
+
+
+class ProcessorCollector:
+    """Collector for one processor, its connection guard and its log rate limit."""
+
+    def __init__(self, processor: Processor, guard: Any = None, log_limit: Any = None):
+        self.processor = processor
+        self.guard = guard
+        self.log_limit = log_limit
+
+    def collect(self):
+        """Prometheus collector protocol."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        from argus_core.summaries import summary_families
+
+        p = self.processor
+        by_job: dict[str, list[KernelSummary]] = {}
+        for (job, _), (_, summary) in sorted(list(p.latest.items()), key=lambda item: item[0]):
+            by_job.setdefault(job, []).append(summary)
+        yield from summary_families({job: concat_summaries(summaries)
+                                     for job, summaries in by_job.items()})
+        info = GaugeMetricFamily("argus_rank_info", "Identity of each rank seen (value 1).",
+                                 labels=["job", "rank", "host", "dp", "tp", "pp", "ep"])
+        for ident in p.windows.identities():
+            info.add_metric([ident.job, str(ident.rank), ident.host, *map(str, ident.coords)], 1)
+        yield info
+
+        def counter(name, doc, value, labels=None):
+            family = CounterMetricFamily(name, doc, labels=list(labels or {}))
+            if labels is None:
+                family.add_metric([], value)
+            return family
+
+        def gauge(name, doc, value):
+            family = GaugeMetricFamily(name, doc)
+            family.add_metric([], value)
+            return family
+
+        yield counter("argus_processor_records", "Valid records accepted.", p.records_in)
+        yield counter("argus_processor_kernel_events", "Kernel executions accepted.",
+                      p.kernel_events_in)
+        yield counter("argus_processor_received_bytes", "Request body bytes received.",
+                      p.bytes_in)
+        rejected = CounterMetricFamily("argus_processor_rejected_records",
+                                       "Records refused, by reason (the field at fault, body).",
+                                       labels=["reason"])
+        for reason, n in sorted(p.rejected.items()):
+            rejected.add_metric([reason], n)
+        yield rejected
+        late = CounterMetricFamily("argus_processor_late",
+                                   "Items dropped because their window had closed, by kind "
+                                   "(kernels: kernel executions; steps, stacks: records).",
+                                   labels=["kind"])
+        for kind in ("kernels", "steps", "stacks"):
+            late.add_metric([kind], p.windows.late[kind])
+        yield late
+        memory = GaugeMetricFamily("argus_processor_memory_bytes",
+                                   "Estimated bytes held, by kind (what the budget counts).",
+                                   labels=["kind"])
+        for kind, value in sorted(p.memory().items()):
+            memory.add_metric([kind], value)
+        yield memory
+        yield gauge("argus_processor_memory_budget_bytes",
+                    "Memory budget: past it intake answers 503.", p.config.memory_budget_bytes)
+        yield gauge("argus_processor_open_windows", "Windows buffering records.",
+                    len(p.windows.open))
+        yield gauge("argus_processor_tracked_ranks", "(job, rank) pairs remembered.",
+                    len(p.windows.ranks))
+        yield counter("argus_processor_forgotten_ranks",
+                      "Ranks forgotten after --state-ttl without records (or beyond "
+                      "--max-ranks).", p.windows.forgotten_ranks)
+        yield gauge("argus_processor_buffered_kernel_events",
+                    "Kernel events held in open windows, not yet handed to the writer.",
+                    p.windows.buffered_events)
+        yield gauge("argus_processor_pending_windows", "Closed windows waiting to be written.",
+                    len(p._closing))
+        yield counter("argus_processor_windows_written", "Windows compressed and stored.",
+                      p.windows_written)
+        yield counter("argus_processor_kernel_events_written",
+                      "Kernel executions written into Perfetto windows.",
+                      p.kernel_events_written)
+        yield counter("argus_processor_window_errors", "Windows that failed to be written.",
+                      p.write_errors)
+        yield counter("argus_processor_skipped_records",
+                      "Steps and stack samples left out of a window's file because they could "
+                      "not be encoded (the rest of the window is written).", p.skipped_records)
+        yield counter("argus_processor_reordered_kernels",
+                      "Kernels that arrived after later ones of their stream had been written "
+                      "(they go to a 'reordered' lane of the stream's track).",
+                      p.reordered_kernels)
+        yield counter("argus_processor_salvaged_windows",
+                      "Unfinished windows of a previous (crashed) run uploaded at start "
+                      "(--durability memory only).", p.salvaged_windows)
+        yield counter("argus_processor_replayed_bodies",
+                      "Request bodies replayed from the write-ahead log at start.",
+                      p.replayed_bodies)
+        if p.wal is not None:
+            yield gauge("argus_processor_wal_bytes", "Write-ahead log on disk.",
+                        p.wal.bytes_on_disk)
+        yield counter("argus_processor_wal_errors",
+                      "Write-ahead log writes that failed (answered 503).", p.wal_errors)
+        stats = p.uploader.stats
+        yield counter("argus_processor_upload_failures", "Failed upload attempts.",
+                      stats.failures)
+        yield counter("argus_processor_uploaded_files", "Perfetto files stored.",
+                      stats.uploaded_files)
+        yield counter("argus_processor_dropped_files", "Files dropped: the spool was full.",
+                      stats.dropped_files)
+        yield gauge("argus_processor_spool_bytes", "Bytes waiting in the upload spool.",
+                    p.uploader.spool_bytes)
+        yield gauge("argus_processor_store_up",
+                    "1 when the trace store took files at the last check or upload.",
+                    0 if p.store_problem else 1)
+        if self.guard is not None:
+            yield gauge("argus_processor_connections", "Client connections open.",
+                        self.guard.open)
+            yield counter("argus_processor_evicted_connections",
+                          "Connections closed to make room for new ones (stalled or idle "
+                          "the longest) or refused at the cap.",
+                          self.guard.evicted + self.guard.refused)
+        if self.log_limit is not None:
+            yield counter("argus_processor_suppressed_log_messages",
+                          "Log messages held back by the rate limit.", self.log_limit.suppressed)
