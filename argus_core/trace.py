@@ -166,10 +166,7 @@ class TraceBuilder:
 
 
 def _steps(rows: list[StepRecord]) -> StepTable:
-    phase_names = SymbolTable()
-    for row in rows:
-        for name in row.phases:
-            phase_names.intern(name)
+    phase_names = _phase_order(rows)
     phases = np.full((len(rows), len(phase_names)), np.nan)
     for i, row in enumerate(rows):
         for name, seconds in row.phases.items():
@@ -188,3 +185,19 @@ def _steps(rows: list[StepRecord]) -> StepTable:
         wall_s=np.array([r.wall_s for r in rows], dtype=np.float64)[order],
         gpu_s=np.array([r.gpu_s for r in rows], dtype=np.float64)[order],
         phase_names=phase_names.names, phases=phases[order])
+
+
+def _phase_order(rows: list[StepRecord]) -> SymbolTable:
+    """Phase names in the order phases happen within a step.
+
+    Each record lists its phases in the order they started; a phase missing from some steps
+    (a custom phase, a warm-up step) is placed by its mean position among the others.
+    """
+    position: dict[str, list[float]] = {}  # name -> [sum of relative positions, count]
+    for row in rows:
+        last = max(len(row.phases) - 1, 1)
+        for i, name in enumerate(row.phases):
+            acc = position.setdefault(name, [0.0, 0])
+            acc[0] += i / last
+            acc[1] += 1
+    return SymbolTable(sorted(position, key=lambda n: position[n][0] / position[n][1]))

@@ -9,8 +9,9 @@ generated at once per step with numpy.
 
 What real jobs do and the simulator can reproduce (all off by default, see ``SimConfig``):
 persistent rank-to-rank speed differences (``rank_spread``), per-rank clocks with offsets and
-per-step jitter of the host's step start (``clock_offset_s``, ``clock_jitter_s``: every
-``t_ns`` and ``start_ns`` of a rank is on its own clock), MoE-like routing jitter (expert
+per-step jitter of the host's step start, which leads the device's by a random few ms
+(``clock_offset_s``, ``clock_jitter_s``: every ``t_ns`` and ``start_ns`` of a rank is on its
+own clock), MoE-like routing jitter (expert
 kernels' executions and load vary per rank and step, ``count_jitter``), and pipeline stages
 with unequal work (the first stage embeds, the last computes the LM head and the loss,
 ``unequal_stages``).
@@ -82,7 +83,7 @@ class SimConfig:
     faults: tuple[Fault, ...] = ()
     seed: int = 0
     clock_offset_s: float = 0.0  # sd of each rank's clock offset (t_ns and start_ns)
-    clock_jitter_s: float = 0.0  # sd of the per-step jitter of each rank's host step start
+    clock_jitter_s: float = 0.0  # sd of how far each host step start leads the device's
     count_jitter: float = 0.0  # expert kernels: share dropped and log-sd of load, per step
     unequal_stages: bool = False  # first and last pipeline stages do extra work
 
@@ -202,9 +203,10 @@ class _Job:
             dur, present, phases, gpu, stall, offsets = _step(self, step)
             end = stall + gpu
             wall = end.max() + config.host_overhead_s * np.exp(rng.normal(0, 0.05))
-            host_jitter = (rng.normal(0.0, config.clock_jitter_s, self.world) * 1e9
-                           ).astype(np.int64) if config.clock_jitter_s else 0
-            t_ns = step_start + self.clock_offset_ns + host_jitter
+            # The host takes t_ns before it launches the step, so it can only lead the device.
+            host_lead = (np.abs(rng.normal(0.0, config.clock_jitter_s, self.world)) * 1e9
+                         ).astype(np.int64) if config.clock_jitter_s else 0
+            t_ns = step_start + self.clock_offset_ns - host_lead
             device_start = step_start + self.clock_offset_ns + (stall * 1e9).astype(np.int64)
             yield StepData(step, t_ns, np.round(wall + rng.normal(0, 2e-4, self.world), 6),
                            np.round(gpu, 6), {k: np.round(v, 6) for k, v in phases.items()},
