@@ -42,6 +42,7 @@ not the network, is the cause (case 5).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -199,8 +200,10 @@ def detect_l2(matrix: StepMatrix, coords: np.ndarray, steady: np.ndarray,
                 best[key] = finding
     result.findings = sorted(best.values(), key=lambda f: (f.rank, -f.z))
     result.roles = _roles(matrix, coords, times, steady, config)
-    waits = np.nanmean(np.where(np.isnan(matrix.wall[:, steady]), np.nan,
-                                times.wait_s[:, steady]), axis=1)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a rank without steady steps
+        waits = np.nanmean(np.where(np.isnan(matrix.wall[:, steady]), np.nan,
+                                    times.wait_s[:, steady]), axis=1)
     result.wait_s = {int(r): float(np.nan_to_num(w)) for r, w in
                      zip(matrix.ranks, waits, strict=True)}
     return result

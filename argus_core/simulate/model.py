@@ -86,10 +86,13 @@ class SimConfig:
     clock_jitter_s: float = 0.0  # sd of how far each host step start leads the device's
     count_jitter: float = 0.0  # expert kernels: share dropped and log-sd of load, per step
     unequal_stages: bool = False  # first and last pipeline stages do extra work
+    kernel_every: int = 1  # kernels recorded in 1 step of N (ARGUS_KERNEL_DUTY)
 
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.kernel_every < 1:
+            raise ValueError(f"kernel_every must be >= 1, got {self.kernel_every}")
         for name in ("noise", "rank_spread", "clock_offset_s", "clock_jitter_s",
                      "count_jitter", "host_overhead_s"):
             if getattr(self, name) < 0:
@@ -237,10 +240,12 @@ def simulate(config: SimConfig) -> Iterator[tuple[int, dict]]:
                          "wall_s": float(data.wall_s[rank]), "gpu_s": float(data.gpu_s[rank]),
                          "phases": {k: float(data.phases[k][rank]) for k in names}}
             keep = data.present[rank]
-            yield rank, {"v": 1, "kind": "kernels", "job": config.job, "rank": rank,
-                         "names": layout.names, "name": layout.name[keep],
-                         "stream": layout.stream[keep], "start_ns": data.start_ns[rank][keep],
-                         "dur_ns": data.dur_ns[rank][keep]}
+            if data.step % config.kernel_every == 0:
+                yield rank, {"v": 1, "kind": "kernels", "job": config.job, "rank": rank,
+                             "names": layout.names, "name": layout.name[keep],
+                             "stream": layout.stream[keep],
+                             "start_ns": data.start_ns[rank][keep],
+                             "dur_ns": data.dur_ns[rank][keep]}
             if data.stalled[rank] or data.step % 10 == 0:
                 yield rank, _stack(config.job, rank, int(data.t_ns[rank]), data.stalled[rank])
 
@@ -261,8 +266,9 @@ def simulate_trace(config: SimConfig) -> Trace:
         names = list(data.phases)
         step_parts.append(data)
         rank, inst = np.nonzero(data.present)
-        kernel_parts.append((rank, layout.name[inst], layout.stream[inst],
-                             data.start_ns[rank, inst], data.dur_ns[rank, inst]))
+        if data.step % config.kernel_every == 0:
+                kernel_parts.append((rank, layout.name[inst], layout.stream[inst],
+                                 data.start_ns[rank, inst], data.dur_ns[rank, inst]))
         for r in np.flatnonzero(data.stalled | (data.step % 10 == 0)).tolist():
             stacks.append(StackRecord(config.job, r, int(data.t_ns[r]), "MainThread",
                                       _frames(bool(data.stalled[r]))))
@@ -277,7 +283,10 @@ def simulate_trace(config: SimConfig) -> Trace:
         phase_names=names,
         phases=np.stack([np.stack([d.phases[n] for n in names], axis=1) for d in step_parts],
                         axis=1).reshape(world * n_steps, len(names)))
-    rank, name, stream, start, dur = (np.concatenate(c) for c in zip(*kernel_parts, strict=True))
+    empty = np.zeros(0, dtype=np.int64)
+    rank, name, stream, start, dur = (
+        (np.concatenate(c) for c in zip(*kernel_parts, strict=True)) if kernel_parts
+        else (empty,) * 5)
     kernels = KernelTable(rank.astype(np.int64), name.astype(np.int32), stream.astype(np.int64),
                           start.astype(np.int64), dur.astype(np.int64), list(layout.names))
     return Trace(config.job, ranks, steps, kernels, stacks)
