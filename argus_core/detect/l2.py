@@ -23,7 +23,7 @@ Exactly what a rank is flagged on (the recording rules reproduce this):
    error of the rank's own median (1.2533 x the step-to-step noise of x / sqrt(steps), the
    noise widened by Student's t for steps - 1 degrees of freedom at the family-wise level,
    since it is estimated from those few steps), and ``scale_floor`` the rank-to-rank spread
-   assumed when too few ranks show it.
+   assumed when too few ranks show it (counted twice for a pair: two ranks differ).
 4. Flag when ``exp(s) >= min_ratio`` and ``s / sigma >= z_family``, where
    ``z_family = Phi^-1(1 - alpha / N)`` and N is the number of statistics judged in the job
    (every rank x phase x axis, plus every group below): Bonferroni, so the expected number of
@@ -64,7 +64,7 @@ class L2Config:
     """Thresholds of the phase comparison (defaults are the documented ones)."""
 
     min_ratio: float = 1.1  # at least 10% slower than the group's median
-    alpha: float = 0.01  # expected falsely flagged statistics per job (family-wise)
+    alpha: float = 0.002  # expected falsely flagged statistics per job (family-wise)
     scale_floor: float = 0.02  # rank-to-rank spread of ln(time) assumed at least 2%
     waiter_share: float = 0.5  # a waiter spends at least half its collective waiting
     min_pool: int = 8  # statistics needed before their pooled MAD is trusted
@@ -256,6 +256,8 @@ def _rank_stats(log_t: np.ndarray, slack: np.ndarray, matrix: StepMatrix, gid: n
         ref = v[:, ::-1] if size == 2 else nanmedian(v, axis=1)[:, None]
         x = np.moveaxis(v - ref, 3, 2).reshape(-1, v.shape[2])  # (group, member, col) x steps
         s, onset, floor = _series_stats(x, config, onset_z, p_family)
+        if size == 2:  # against the partner: two ranks' spreads
+            floor = np.sqrt(floor ** 2 + config.scale_floor ** 2)
         rank = np.repeat(members.ravel(), len(cols))
         col = np.tile(cols, members.size)
         confirmed = np.ones(len(s), dtype=bool)

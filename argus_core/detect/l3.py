@@ -24,8 +24,12 @@ heterogeneity (rank speed spread, MoE count jitter):
    cannot widen the fence). The spread is never below the kernel's typical spread (its
    residuals pooled over every peer set and window: a unit of few ranks cannot estimate it
    alone) nor ``scale_floor``.
-2. A (rank, kernel) row is flagged when ``score >= min_score`` and its z exceeds
-   ``Phi^-1(1 - alpha / N)``, N = every (unit, rank) scored (Bonferroni).
+2. A (rank, kernel) row is flagged when ``score >= min_score``, it is ``min_score`` above the
+   unit's centre, and its z exceeds ``Phi^-1(1 - alpha / N)``, N = every (unit, rank) scored
+   (Bonferroni). A row's spread is also never below its own sampling error (its mixture's sd
+   over its mean / sqrt(samples), samples = its executions but at most the window's steps,
+   widened by Student's t: a kernel run a handful of times per window cannot be called
+   slow on its own).
 3. Each rank is also judged on all its kernels together: its time-weighted mean ``signed``
    over the kernels of a peer set and window (weights: the reference's time per step) is
    calibrated the same way across the ranks of that peer set, with N = the number of ranks
@@ -49,7 +53,12 @@ import numpy as np
 
 from argus_core.stats.grouping import dense_ids
 from argus_core.stats.mixture import lognormal_params, mixture_cdf
-from argus_core.stats.robust import centre_spread, family_z, healthy_centre_spread
+from argus_core.stats.robust import (
+    centre_spread,
+    family_z,
+    healthy_centre_spread,
+    t_widening,
+)
 from argus_core.stats.wasserstein import excess_w1, mean_from_cdf, trapezoid_weights
 from argus_core.summaries import KernelSummary
 
@@ -64,7 +73,7 @@ class L3Config:
     reference_quantile: float = 0.75  # pointwise CDF quantile across peers
     min_score: float = 0.1  # at least 10% more time on this kernel than healthy peers
     min_peers: int = 3
-    alpha: float = 0.01  # expected falsely flagged rows (and ranks) per job
+    alpha: float = 0.002  # expected falsely flagged rows (and ranks) per job
     scale_floor: float = 0.02  # spread of the signed score never assumed below 2%
 
 
@@ -94,8 +103,16 @@ class KernelScores:
 
 
 def score_kernels(summary: KernelSummary, peer_set_of_rank: np.ndarray | None = None,
-                  config: L3Config | None = None) -> KernelScores:
-    """Score every rank of every unit; ``peer_set_of_rank[r]`` groups ranks doing the same work."""
+                  config: L3Config | None = None,
+                  steps_per_window: np.ndarray | None = None) -> KernelScores:
+    """Score every rank of every unit; ``flagged`` marks the slow (rank, kernel, stream) rows.
+
+    ``peer_set_of_rank[r]`` groups ranks doing the same work (e.g. their pipeline stage;
+    all ranks alike when None). ``steps_per_window[w]`` (optional) is how many training steps
+    window w holds: executions within a step share its conditions (MoE routing, host load),
+    so a row's mean has no more independent samples than steps. This is the entry point for a
+    scoring job that only holds (count, p50, p99) per cluster.
+    """
     config = config or L3Config()
     if peer_set_of_rank is None:
         peer = np.zeros(len(summary), dtype=np.int64)
@@ -153,9 +170,19 @@ def score_kernels(summary: KernelSummary, peer_set_of_rank: np.ndarray | None = 
                                         u_kernel[row_unit], u_stream[row_unit], row_unit,
                                         n_units), config.scale_floor)
     centre, spread = centre_spread(*quartiles, typical=typical)
-    z = (signed - centre[row_unit]) / spread[row_unit]
-    z_rows = family_z(int(scored.sum()), config.alpha)
-    fence = centre[row_unit] + z_rows * spread[row_unit]
+    # A row of few executions has a noisy mean of its own: its sampling error, from its
+    # mixture's variance, widened by Student's t since that variance comes from those few.
+    n_tests = int(scored.sum())
+    samples = executions
+    if steps_per_window is not None:
+        steps = np.asarray(steps_per_window, dtype=np.float64)
+        samples = np.minimum(executions, steps[np.clip(u_window[row_unit], 0, len(steps) - 1)])
+    sampling = _relative_se(comp_row, n_rows, weight, mu, sigma, samples) * t_widening(
+        np.maximum(samples - 1, 1), config.alpha / max(n_tests, 1))
+    row_spread = np.maximum(spread[row_unit], np.hypot(config.scale_floor, sampling))
+    z = (signed - centre[row_unit]) / row_spread
+    z_rows = family_z(n_tests, config.alpha)
+    fence = centre[row_unit] + z_rows * row_spread
     above_typical = signed - centre[row_unit]  # extra time over the typical healthy rank
     flagged = scored & (z >= z_rows) & (score >= config.min_score) & (
         above_typical >= config.min_score)
@@ -178,6 +205,18 @@ def score_kernels(summary: KernelSummary, peer_set_of_rank: np.ndarray | None = 
                         excess_ns=score * ref_time, executions=executions, fence=fence,
                         flagged=flagged, names=summary.names, signed=signed, z=z,
                         rank_z=rank_z, rank_score=rank_score)
+
+
+def _relative_se(comp_row: np.ndarray, n_rows: int, weight: np.ndarray, mu: np.ndarray,
+                 sigma: np.ndarray, samples: np.ndarray) -> np.ndarray:
+    """Standard error of each row's mean duration relative to it: the sd of its log-normal
+    mixture over its mean, / sqrt(independent samples)."""
+    first = np.exp(mu + sigma ** 2 / 2)  # each component's mean and second moment
+    second = np.exp(2 * mu + 2 * sigma ** 2)
+    total = np.maximum(np.bincount(comp_row, weight, n_rows), 1e-300)
+    mean = np.bincount(comp_row, weight * first, n_rows) / total
+    var = np.maximum(np.bincount(comp_row, weight * second, n_rows) / total - mean ** 2, 0.0)
+    return np.sqrt(var) / np.maximum(mean, 1e-300) / np.sqrt(np.maximum(samples, 1.0))
 
 
 def _pooled_spread(residual: np.ndarray, scored: np.ndarray, kernel: np.ndarray,

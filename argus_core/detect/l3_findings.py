@@ -18,6 +18,7 @@ from argus_core.detect.placement import Placement
 from argus_core.detect.steps import StepMatrix
 from argus_core.schema import AXES
 from argus_core.stats.compress import CompressionConfig
+from argus_core.stats.grouping import dense_ids
 from argus_core.summaries import summarize_kernels
 from argus_core.taxonomy import is_comm_kernel
 from argus_core.topology import axis_groups
@@ -69,17 +70,34 @@ def kernel_findings(trace: Trace, matrix: StepMatrix, steps: np.ndarray, placeme
                                                                         peer), host)
     timed = KernelTable(kernels.rank, kernels.name, kernels.stream, kernels.start_ns, transfer,
                         kernels.names)
-    scores = score_kernels(summarize_kernels(timed, window_s, compression), peer, config)
+    summary = summarize_kernels(timed, window_s, compression)
+    steps = _steps_per_window(kernels, step_col, summary.window_ns)
+    scores = score_kernels(summary, peer, config, steps)
     findings = _findings(scores)
     excused: list[KernelFinding] = []
     comm_name = np.array([is_comm_kernel(n) for n in kernels.names], dtype=bool)
     waited = comm_name[kernels.name] & (transfer < kernels.dur_ns)
     if waited.any():  # what raw durations would have blamed on the network
         raw = kernels.take(comm_name[kernels.name])
-        raw_scores = score_kernels(summarize_kernels(raw, window_s, compression), peer, config)
+        raw_scores = score_kernels(summarize_kernels(raw, window_s, compression), peer, config,
+                                   steps)
         found = {(f.rank, f.kernel, f.stream) for f in findings}
         excused = [f for f in _findings(raw_scores) if (f.rank, f.kernel, f.stream) not in found]
     return scores, findings, excused
+
+
+def _steps_per_window(kernels: KernelTable, step_col: np.ndarray,
+                      window_ns: int) -> np.ndarray | None:
+    """Distinct steps with kernels in each window (the most any rank's row can hold)."""
+    placed = step_col >= 0
+    if not placed.any():
+        return None
+    window = kernels.start_ns[placed] // window_ns
+    first = int(window.min())
+    if first < 0:
+        return None
+    _, (pair_window, _) = dense_ids(window, step_col[placed])
+    return np.bincount(pair_window, minlength=int(window.max()) + 1).astype(np.float64)
 
 
 def _collective_groups(trace: Trace, kernel_rank: np.ndarray,
