@@ -157,8 +157,9 @@ def score_kernels(summary: KernelSummary, peer_set_of_rank: np.ndarray | None = 
             weights = trapezoid_weights(t)
             ref_mean = mean_from_cdf(ref.astype(np.float64), t, weights)
             rel = excess_w1(cdf, ref, weights.astype(np.float32)) / ref_mean[:, None]
-            shift = (mean_from_cdf(cdf.astype(np.float64), t[:, None, :], weights[:, None, :])
-                     / ref_mean[:, None] - 1.0)
+            mean = mean_from_cdf(cdf, t[:, None, :].astype(np.float32),
+                                 weights[:, None, :].astype(np.float32))
+            shift = mean / ref_mean[:, None] - 1.0
             score[rows] = rel.ravel()
             signed[rows] = shift.ravel()
             ref_time[rows] = np.repeat(ref_mean, size)

@@ -84,7 +84,8 @@ def t_widening(dof: np.ndarray, p: float) -> np.ndarray:
     """
     p = min(max(p, 1e-15), 0.5)
     dof = np.maximum(np.asarray(dof, dtype=np.float64), 1.0)
-    return stdtrit(dof, 1.0 - p) / float(ndtri(1.0 - p))
+    distinct, inverse = np.unique(dof, return_inverse=True)  # counts repeat: invert each once
+    return (stdtrit(distinct, 1.0 - p) / float(ndtri(1.0 - p)))[inverse].reshape(dof.shape)
 
 
 def lower_half_fence(scores: np.ndarray, n_sigma: float | np.ndarray) -> np.ndarray:
