@@ -10,6 +10,7 @@ it, so a late straggler is not diluted by its healthy steps.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +40,30 @@ class DiagnoseConfig:
     window_s: float = DEFAULT_WINDOW_S
     peer_axis: str = "pp"  # L3 compares ranks at the same position on this axis
     min_onset_steps: int = 5  # L3 starts at the latest onset only if this many steps follow
+
+    def with_overrides(self, settings: list[str]) -> DiagnoseConfig:
+        """A copy with ``LEVEL.NAME=VALUE`` settings applied (``l2.alpha=0.01``,
+        ``l3.min_score=0.2``, ``window_s=30``); raises ValueError naming a bad one."""
+        config = self
+        for setting in settings:
+            key, sep, text = setting.partition("=")
+            if not sep:
+                raise ValueError(f"{setting!r}: expected NAME=VALUE")
+            level, _, name = key.strip().rpartition(".")
+            target = getattr(config, level) if level else config
+            if not dataclasses.is_dataclass(target) or name not in {
+                    f.name for f in dataclasses.fields(target)}:
+                raise ValueError(f"{setting!r}: no threshold {key.strip()!r} (see the README's "
+                                 f"thresholds table)")
+            current = getattr(target, name)
+            try:
+                value = (text.strip().lower() in ("1", "true", "yes") if isinstance(current, bool)
+                         else type(current)(text.strip()))
+            except ValueError:
+                raise ValueError(f"{setting!r}: expected a {type(current).__name__}") from None
+            updated = dataclasses.replace(target, **{name: value})
+            config = (dataclasses.replace(config, **{level: updated}) if level else updated)
+        return config
 
 
 @dataclass
