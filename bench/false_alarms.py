@@ -20,48 +20,22 @@ import time
 
 import numpy as np
 from _report import report
+from score import baseline, workload
 
 from argus_core.detect.l3 import score_kernels
-from argus_core.simulate.summaries import synthetic_summaries
-from argus_core.stats.mixture import lognormal_params, mixture_cdf
-from argus_core.stats.wasserstein import mean_w1_to_peers, trapezoid_weights
-
-HETEROGENEITY = dict(rank_spread=0.02, count_jitter=0.05, spread_jitter=0.05)
-
-
-def baseline_flags(summary, kernels: int, grid: int = 128) -> set[int]:
-    """Ranks flagged by mean-W1-to-peers with a Q3 + 1.5 IQR fence, kernel by kernel."""
-    flagged: set[int] = set()
-    lin = np.linspace(0.0, 1.0, grid)
-    for k in range(kernels):
-        rows = np.flatnonzero(summary.kernel == k)
-        rank = summary.rank[rows]
-        mu, sigma = lognormal_params(summary.p50_ns[rows], summary.p99_ns[rows])
-        lo, hi = float((mu - 4 * sigma).min()), float((mu + 4 * sigma).max())
-        order = np.argsort(rank, kind="stable")
-        ranks, local = np.unique(rank[order], return_inverse=True)
-        cdf = mixture_cdf(lin, np.full(len(mu), lo), np.full(len(mu), hi - lo), local,
-                          summary.count[rows][order].astype(float), mu[order], sigma[order],
-                          len(ranks)).astype(np.float64)
-        score = mean_w1_to_peers(cdf, trapezoid_weights(np.exp(lo + (hi - lo) * lin)))
-        q1, q3 = np.quantile(score, [0.25, 0.75])
-        flagged |= set(ranks[score > q3 + 1.5 * (q3 - q1)].tolist())
-    return flagged
 
 
 def one_job(ranks: int, kernels: int, planted: int, seed: int, baseline_kernels: int) -> dict:
     """Score one seeded job; count false flags and recall, ours and the baseline's."""
-    rng = np.random.default_rng(seed)
-    slow = {int(r): 1.25 for r in rng.choice(ranks, planted, replace=False)}
-    summary = synthetic_summaries(ranks, kernels, slow=slow, seed=seed, **HETEROGENEITY)
+    summary, slow = workload(ranks, kernels, planted, seed)
     t0 = time.perf_counter()
     scores = score_kernels(summary)
     seconds = time.perf_counter() - t0
     found = set(scores.rank[scores.flagged].tolist())
-    base = baseline_flags(summary, baseline_kernels)
-    return {"false": len(found - set(slow)), "recall": len(found & set(slow)) / len(slow),
-            "seconds": seconds, "baseline_false": len(base - set(slow)),
-            "baseline_recall": len(base & set(slow)) / len(slow)}
+    _, base = baseline(summary, baseline_kernels)
+    return {"false": len(found - slow), "recall": len(found & slow) / len(slow),
+            "seconds": seconds, "baseline_false": len(base - slow),
+            "baseline_recall": len(base & slow) / len(slow)}
 
 
 def main() -> None:
