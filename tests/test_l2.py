@@ -7,7 +7,7 @@ import pytest
 
 from argus_core.detect.l2 import detect_l2
 from argus_core.detect.steps import StepMatrix
-from argus_core.stats.robust import family_z, lower_half_fence, median_of_others
+from argus_core.stats.robust import family_z, healthy_centre_spread, median_of_others
 from argus_core.topology import Topology
 
 
@@ -79,11 +79,17 @@ def test_slow_link_shows_as_a_whole_group():
 
 
 def test_median_of_others_and_fences():
-    """Helpers: leave-one-out medians; lower-half fence ignores a degraded upper half."""
+    """Helpers: leave-one-out medians; the healthy spread ignores a degraded upper half but
+    reads a skewed healthy row by its middle."""
     v = np.array([[1.0, 2.0, 3.0, 10.0]])
     np.testing.assert_allclose(median_of_others(v), [[3, 3, 2, 2]])
     scores = np.array([[0.01, 0.012, 0.011, 0.013, 2.0, 2.1, 2.2, 2.05]])
-    assert lower_half_fence(scores, 4.0)[0] < 0.1
+    centre, spread = healthy_centre_spread(scores)
+    assert centre[0] + 4 * spread[0] < 0.1  # the degraded half cannot widen the fence
+    rng = np.random.default_rng(0)
+    skewed = np.exp(rng.normal(0, 0.5, (1, 400))) * 0.02
+    centre, spread = healthy_centre_spread(skewed)
+    assert centre[0] == pytest.approx(np.median(skewed)) and spread[0] > 0.008
     assert family_z(10_000) > family_z(10) > 3
 
 

@@ -53,8 +53,6 @@ class Culprit:
     last_step: int | None = None  # regression: last step of the slow segment
 
 
-SpikeCulprit = Culprit  # the earlier name
-
 
 @dataclass
 class L1Result:
@@ -74,14 +72,6 @@ class L1Result:
     def spike_mask(self) -> np.ndarray:
         """Bool per step: the step is a spike."""
         return np.isin(self.steps, [s for s, _ in self.spikes])
-
-    @property
-    def steady_mask(self) -> np.ndarray:
-        """Steps L2 and L3 analyse: judged, not spikes, and after the last regression onset."""
-        mask = self.judged & ~self.spike_mask
-        if self.regressions:
-            mask &= self.steps >= self.regressions[-1][0]
-        return mask
 
 
 def rolling_median(y: np.ndarray, window: int) -> np.ndarray:

@@ -88,23 +88,12 @@ def t_widening(dof: np.ndarray, p: float) -> np.ndarray:
     return (stdtrit(distinct, 1.0 - p) / float(ndtri(1.0 - p)))[inverse].reshape(dof.shape)
 
 
-def lower_half_fence(scores: np.ndarray, n_sigma: float | np.ndarray) -> np.ndarray:
-    """Upper fence for each row of (U, N) scores, estimated from the faster half of peers.
-
-    With up to half of a group degraded, the lower half of the scores still comes from healthy
-    ranks: their 5th and 25th percentiles give a normal-consistent centre and spread, so a
-    symmetric IQR fence that a half-degraded group would blow open is never used.
-    """
-    centre, sigma = lower_half_centre_spread(scores)
-    return centre + n_sigma * sigma
-
-
 def lower_half_centre_spread(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Centre and normal-consistent spread of each row of (U, N) values, from the faster half.
 
     The 5th and 25th percentiles of a row come from its lower half, which stays healthy while
     up to half of the row is degraded: sigma = (q25 - q05) / 0.9706 and centre = q25 +
-    0.6745 sigma (the median, were the row normal). ``lower_half_fence`` is centre + n sigma.
+    0.6745 sigma (the median, were the row normal).
     """
     q05, q25 = np.quantile(values, [0.05, 0.25], axis=-1)
     sigma = (q25 - q05) / 0.9706  # z(0.25) - z(0.05) for a normal
