@@ -7,8 +7,9 @@ ms, MoE-like expert jitter, heavier first and last pipeline stages), diagnosed e
 
 - compute: one rank's forward and backward compute slower by 1.15x .. 3x from step 8 on;
   found = that rank's verdict is compute;
-- host: one rank's host stalls before two steps for 0.25x .. 3x the step time (a JIT stall);
-  found = that rank's verdict is host;
+- host: one rank's host stalls before two steps for 0.25x .. 3x the step time (a JIT stall;
+  the step time is measured on a healthy run of the same scale); found = that rank's verdict
+  is host;
 - link: one TP group's collectives slower by 1.3x .. 5x; found = every member's verdict is
   communication.
 
@@ -21,6 +22,7 @@ smallest size from which every larger size is found in >= 95% of seeds (null: no
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import numpy as np
@@ -36,7 +38,13 @@ SIZES = {"compute": (1.15, 1.2, 1.3, 1.5, 2.0, 3.0), "host": (0.25, 0.5, 1.0, 1.
 NOISE = (1, 2, 3)
 REALISTIC = dict(rank_spread=0.02, clock_offset_s=0.003, clock_jitter_s=0.002,
                  count_jitter=0.05, unequal_stages=True, kernel_every=2)
-STEP_S = 0.1  # the simulated step's duration, about
+
+
+@functools.cache
+def step_seconds(topology: Topology) -> float:
+    """The median iteration time of a healthy job of this scale."""
+    trace = simulate_trace(SimConfig(topology=topology, steps=6, **REALISTIC))
+    return float(np.median(trace.steps.wall_s))
 
 
 def fault_for(kind: str, size: float, topology: Topology) -> tuple[str, set[int], str]:
@@ -47,7 +55,8 @@ def fault_for(kind: str, size: float, topology: Topology) -> tuple[str, set[int]
         return (f"compute:ranks={rank}:phases=attention*{size},mlp*{size},backward*{size}"
                 f":from=8"), {rank}, "compute"
     if kind == "host":
-        return f"stall:ranks={rank}:steps=9,15:seconds={size * STEP_S:.4f}", {rank}, "host"
+        seconds = size * step_seconds(topology)
+        return f"stall:ranks={rank}:steps=9,15:seconds={seconds:.4f}", {rank}, "host"
     coords = topology.coords()
     group = np.flatnonzero((coords[:, [0, 2, 3]] == coords[rank, [0, 2, 3]]).all(axis=1))
     axis = "tp" if topology.tp > 1 else "dp"
@@ -109,6 +118,8 @@ def main() -> None:
                               f"{c['found']:.2f}, false-verdict runs {c['false_verdict_runs']}",
                               flush=True)
     result = {"seeds": args.seeds, "steps": args.steps, "seconds": time.perf_counter() - t0,
+              "step_seconds": {str(s): round(step_seconds(Topology.parse(SCALES[s])), 4)
+                               for s in scales},
               "smallest": {kind: {str(scale): {str(noise): smallest(cells, kind, scale, noise)
                                                for noise in NOISE} for scale in scales}
                            for kind in kinds},

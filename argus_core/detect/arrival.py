@@ -52,6 +52,8 @@ class CollectiveTimes:
     transfer: np.ndarray  # ranks x steps x phases
     host_s: np.ndarray  # ranks x steps: wall - gpu
     idle_s: np.ndarray  # ranks x steps: gpu - sum of phases
+    host_pre_s: np.ndarray  # ranks x steps: host time before the device's work, where the
+    # device's start is known (NaN elsewhere): a stall, not slack after finishing early
     compute_s: np.ndarray  # ranks x steps: sum of compute phases
     comm_s: np.ndarray  # ranks x steps: sum of collective transfer times
     wait_s: np.ndarray  # ranks x steps: sum of waits
@@ -91,10 +93,12 @@ def collective_times(matrix: StepMatrix, coords: np.ndarray,
     device = np.where(has_gpu, np.nan_to_num(matrix.gpu), wall)
     idle = np.maximum(device - total, 0.0)
     host_pre = host
+    measured_pre = np.full(host.shape, np.nan)
     if device_start_ns is not None and matrix.host_ns is not None:
         known = (device_start_ns >= 0) & (matrix.host_ns >= 0)
-        measured = (device_start_ns - matrix.host_ns) * 1e-9
-        host_pre = np.where(known, np.clip(measured, 0.0, host), host)
+        measured = np.clip((device_start_ns - matrix.host_ns) * 1e-9, 0.0, host)
+        measured_pre = np.where(known, measured, np.nan)
+        host_pre = np.where(known, measured, host)
     wait = np.zeros_like(phases)
     comm_cols = []
     for col, name in enumerate(matrix.phase_names):
@@ -116,7 +120,7 @@ def collective_times(matrix: StepMatrix, coords: np.ndarray,
     compute = np.ones(len(matrix.phase_names), dtype=bool)
     compute[comm_cols] = False
     return CollectiveTimes(
-        wait=wait, transfer=transfer, host_s=host, idle_s=idle,
+        wait=wait, transfer=transfer, host_s=host, idle_s=idle, host_pre_s=measured_pre,
         compute_s=np.nansum(phases[:, :, compute], axis=2),
         comm_s=np.nansum(transfer[:, :, ~compute], axis=2),
         wait_s=np.nansum(wait, axis=2))

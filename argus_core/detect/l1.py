@@ -8,10 +8,12 @@ the log iteration time found by binary segmentation, after spikes are replaced b
 Every spike and regression is then attributed to the ranks that caused it: the late arriver,
 whose *own* time rose while the others' rise is waiting for it. A rank's time per step is split
 (``argus_core.detect.arrival``) into compute phases, collective transfer, waiting, host time
-(wall - GPU) and device idle time (GPU time in no phase: a host stall in mid-step). A culprit's
-compute, transfer, host or idle time rose, against the median rise of the other ranks, by at
-least ``attribution_share`` of the job's extra time; its cause is the part that rose most (host
-and idle: host, the GPU work stayed flat; compute; transfer: communication).
+(wall - GPU; only the part before the step's device work where kernels show when that began)
+and device idle time (GPU time in no phase: a host stall in mid-step). A culprit's compute,
+transfer, host or idle time rose, against the median rise of the other ranks, by at least
+``attribution_share`` of the job's extra time; its cause is the part that rose most (host and
+idle: host, the GPU work stayed flat; compute; transfer: communication), and an event has one
+cause, that of the largest rise.
 """
 
 from __future__ import annotations
@@ -129,9 +131,20 @@ def detect_l1(matrix: StepMatrix, config: L1Config | None = None,
 
 
 def _own_parts(times: CollectiveTimes) -> dict[str, np.ndarray]:
-    """The parts of each rank's step time that are its own doing (ranks x steps each)."""
-    return {"host": times.host_s, "idle": times.idle_s, "compute": times.compute_s,
-            "communication": times.comm_s}
+    """The parts of each rank's step time that are its own doing (ranks x steps each).
+
+    Host time counts only before the step's device work where the device's start is known
+    (a rank that finished early and waited on the host for the next step is not a culprit);
+    elsewhere all of wall - GPU, which cannot tell the two apart.
+    """
+    measured = np.isfinite(times.host_pre_s)
+    return {"host": np.where(measured, times.host_pre_s, times.host_s),
+            "idle": times.idle_s, "compute": times.compute_s, "communication": times.comm_s}
+
+
+def _segment_delta(values: np.ndarray, before: np.ndarray, after: np.ndarray) -> np.ndarray:
+    """Per rank: median over the ``after`` steps minus median over the ``before`` steps."""
+    return nanmedian(values[:, after], axis=1) - nanmedian(values[:, before], axis=1)
 
 
 _CAUSE = {"host": "host", "idle": "host", "compute": "compute",
@@ -159,8 +172,9 @@ def attribute(matrix: StepMatrix, l1: L1Result, times: CollectiveTimes,
         before &= calm
         after &= calm
         excess_job = float(np.median(l1.iteration_s[after]) - np.median(l1.iteration_s[before]))
-        deltas = {k: nanmedian(v[:, after], axis=1) - nanmedian(v[:, before], axis=1)
-                  for k, v in parts.items()}
+        deltas = {k: _segment_delta(v, before, after) for k, v in parts.items()}
+        measured = _segment_delta(times.host_pre_s, before, after)  # steps with kernels
+        deltas["host"] = np.where(np.isfinite(measured), measured, deltas["host"])
         culprits += _culprits(matrix, deltas, excess_job, config, onset, "regression",
                               int(matrix.steps[hi - 1]))
     return culprits
@@ -180,9 +194,14 @@ def _culprits(matrix: StepMatrix, deltas: dict[str, np.ndarray], excess_job: flo
     names = list(stand_out)
     table = np.stack([stand_out[n] for n in names])  # parts x ranks
     best = np.argmax(table, axis=0)
+    # One event, one cause: ranks whose rise is a consequence of the top culprit's (host
+    # slack after finishing early, waiting folded into their own parts) rise less.
+    top_cause = _CAUSE[names[int(np.argmax(table.max(axis=1)))]]
     out = []
     for r in np.flatnonzero(table.max(axis=0) >= needed).tolist():
         part = names[best[r]]
+        if _CAUSE[part] != top_cause:
+            continue
         out.append(Culprit(int(matrix.ranks[r]), step, _CAUSE[part],
                            float(np.nan_to_num(deltas[part][r])), event, last))
     return out
