@@ -66,8 +66,9 @@ def kernel_findings(trace: Trace, matrix: StepMatrix, steps: np.ndarray, placeme
     if matrix.host_ns is not None and (step_col >= 0).any():
         row = np.searchsorted(matrix.ranks, kernels.rank)
         host = matrix.host_ns[np.minimum(row, len(matrix.ranks) - 1), np.maximum(step_col, 0)]
-    transfer = transfer_durations(kernels, step_col, _collective_groups(trace, kernels.rank,
-                                                                        peer), host)
+    transfer = transfer_durations(kernels, step_col, _collective_groups(trace, ranks,
+                                                                        kernels.rank, peer),
+                                  host)
     timed = KernelTable(kernels.rank, kernels.name, kernels.stream, kernels.start_ns, transfer,
                         kernels.names)
     summary = summarize_kernels(timed, window_s, compression)
@@ -100,11 +101,11 @@ def _steps_per_window(kernels: KernelTable, step_col: np.ndarray,
     return np.bincount(pair_window, minlength=int(window.max()) + 1).astype(np.float64)
 
 
-def _collective_groups(trace: Trace, kernel_rank: np.ndarray,
+def _collective_groups(trace: Trace, ranks: np.ndarray, kernel_rank: np.ndarray,
                        peer: np.ndarray) -> list[np.ndarray]:
     """Per kernel, its rank's X-group on every axis with more than one position (the groups a
-    collective can run in); the peer sets when the trace has no parallel axes."""
-    ranks = trace.rank_ids
+    collective can run in); the peer sets when the trace has no parallel axes. ``ranks`` are
+    the trace's rank ids."""
     coords = np.zeros((int(ranks.max()) + 1, len(AXES)), dtype=np.int64)
     coords[ranks] = trace.coords(ranks)
     out = []
