@@ -195,14 +195,15 @@ class BatchSketch:
             raise ValueError("group ids must be >= 0")
         n = max(n_groups or 0, int(group.max()) + 1 if len(group) else 0)
         owner, dur = _sorted_by_group(group, np.maximum(raw, 1.0))
-        x = np.log(dur)
+        # float32 logs: 1e-7 relative error against bins 2e-3 wide, at half the cost
+        x = np.log(dur.astype(np.float32)).astype(np.float64)
         self.count = np.bincount(owner, minlength=n).astype(np.int64)
         self.sum_ns = np.bincount(group, raw, minlength=n)  # exact, as measured
         self.sum_x = np.bincount(owner, x, minlength=n)
         self.sum_x2 = np.bincount(owner, x * x, minlength=n)
         self.min_ns = np.full(n, np.inf)
         self.max_ns = np.full(n, -np.inf)
-        fine = np.floor(x * (1.0 / BIN_WIDTH)).astype(np.int64)
+        fine = (x * (1.0 / BIN_WIDTH)).astype(np.int64)  # x >= 0: truncation is floor
         if len(owner):
             first = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
             self.min_ns[owner[first]] = dur[first]
