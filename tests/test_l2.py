@@ -190,3 +190,17 @@ def test_pairs_without_collective_timing_are_left_alone():
     """dp=2 with no communication phase: nothing says which member is odd, so no finding."""
     m = phase_matrix({"forward": np.array([0.1, 0.3])})
     assert detect_l2(m, Topology(dp=2).coords(), np.ones(20, dtype=bool)).findings == []
+
+
+def test_one_step_of_medians_is_judged():
+    """A metrics snapshot holds one value per rank and phase (a median over a window): with
+    no step noise to read, the pooled spread and the floor judge it, and the straggler is
+    found."""
+    mlp = np.full(16, 0.1) * np.exp(np.random.default_rng(0).normal(0, 0.01, 16))
+    mlp[9] = 0.15
+    values = mlp[:, None, None]
+    nan = np.full((16, 1), np.nan)
+    m = StepMatrix(np.arange(16), np.zeros(1, np.int64), np.zeros(1, np.int64), nan, nan,
+                   values, ["mlp"])
+    result = detect_l2(m, Topology(dp=16).coords(), np.ones(1, dtype=bool))
+    assert [(f.rank, f.phase) for f in result.findings] == [(9, "mlp")]

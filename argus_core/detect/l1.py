@@ -75,6 +75,14 @@ class L1Result:
         """Bool per step: the step is a spike."""
         return np.isin(self.steps, [s for s, _ in self.spikes])
 
+    @property
+    def steady_mask(self) -> np.ndarray:
+        """Judged steps that are no spike, after the last regression's onset (one regime)."""
+        mask = self.judged & ~self.spike_mask
+        if self.regressions:
+            mask &= self.steps >= self.regressions[-1][0]
+        return mask
+
 
 def rolling_median(y: np.ndarray, window: int) -> np.ndarray:
     """Centred rolling median ignoring NaN; the window shrinks at the edges."""

@@ -25,9 +25,11 @@ Exactly what a rank is flagged on (the recording rules reproduce this):
    since it is estimated from those few steps), and ``scale_floor`` the rank-to-rank spread
    assumed when too few ranks show it (counted twice for a pair: two ranks differ).
 4. Flag when ``exp(s) >= min_ratio`` and ``s / sigma >= z_family``, where
-   ``z_family = Phi^-1(1 - alpha / N)`` and N is the number of statistics judged in the job
-   (every rank x phase x axis, plus every group below): Bonferroni, so the expected number of
-   falsely flagged ranks per job stays below ``alpha`` whatever the job's size.
+   ``z_family = max(z_threshold, Phi^-1(1 - alpha / N))`` and N is the number of statistics
+   judged in the job (every rank x phase x axis, plus every group below): Bonferroni, so the
+   expected number of falsely flagged ranks per job stays below ``alpha`` whatever the job's
+   size. (A single "step" of per-rank medians, as a metrics snapshot gives, has no step noise
+   of its own: its spread is the pooled MAD and ``scale_floor`` only.)
    A rank of a pair must also be confirmed by its partner waiting for it: the partner's slack
    (waiting in collectives plus time in no phase) exceeds the rank's by at least half of the
    rank's excess in the phase. Otherwise either member could be the odd one.
@@ -65,6 +67,7 @@ class L2Config:
 
     min_ratio: float = 1.1  # at least 10% slower than the group's median
     alpha: float = 0.002  # expected falsely flagged statistics per job (family-wise)
+    z_threshold: float = 4.0  # never flag below this z; z_family is higher in larger jobs
     scale_floor: float = 0.02  # rank-to-rank spread of ln(time) assumed at least 2%
     waiter_share: float = 0.5  # a waiter spends at least half its collective waiting
     min_pool: int = 8  # statistics needed before their pooled MAD is trusted
@@ -179,7 +182,7 @@ def detect_l2(matrix: StepMatrix, coords: np.ndarray, steady: np.ndarray,
             stats += _group_stats(log_t, axis_groups(coords, axis), own_cols, axis, config,
                                   onset_z, p_family)
     tests = sum(st.tests for st in stats)
-    z_family = family_z(tests, config.alpha)
+    z_family = max(config.z_threshold, family_z(tests, config.alpha))
     result.tests, result.z_family = tests, z_family
     judged_steps = matrix.steps[steady]
     best: dict[tuple[int, str], PhaseFinding] = {}
@@ -224,9 +227,11 @@ def _series_stats(x: np.ndarray, config: L2Config, onset_z: float, p_family: flo
     shifted = stat >= onset_z
     later = np.arange(x.shape[1])[None, :] >= np.where(shifted, onset, 0)[:, None]
     used = np.maximum((later & valid).sum(axis=1), 2)
-    # The noise comes from the series itself: widen its standard error by Student's t.
-    widen = t_widening(used - 1, p_family)
-    floor = np.sqrt(config.scale_floor ** 2 + (1.2533 * noise * widen) ** 2 / used)
+    if x.shape[1] >= 3:  # the noise comes from the series itself: widen it by Student's t
+        se = 1.2533 * noise * t_widening(used - 1, p_family) / np.sqrt(used)
+    else:  # one or two values (a snapshot of medians): no step-to-step noise to read
+        se = np.zeros(len(x))
+    floor = np.sqrt(config.scale_floor ** 2 + se ** 2)
     if not shifted.any():
         return median, np.full(len(x), -1), floor
     after = nanmedian(np.where(later & valid, x, np.nan), axis=1)
