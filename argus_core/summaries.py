@@ -15,7 +15,7 @@ import numpy as np
 
 from argus_core.stats.compress import CompressionConfig, compress_sketch
 from argus_core.stats.grouping import dense_ids
-from argus_core.stats.sketch import DurationSketch
+from argus_core.stats.sketch import BatchSketch, DurationSketch
 from argus_core.trace import KernelTable
 
 DEFAULT_WINDOW_S = 60.0
@@ -57,11 +57,11 @@ def summarize_kernels(kernels: KernelTable, window_s: float = DEFAULT_WINDOW_S,
     window = kernels.start_ns // window_ns
     ids, (rank, kernel, stream, win) = dense_ids(kernels.rank, kernels.name.astype(np.int64),
                                                   kernels.stream, window)
-    return summarize_sketch(DurationSketch.of(ids, kernels.dur_ns, len(rank)), rank, kernel,
+    return summarize_sketch(BatchSketch.of(ids, kernels.dur_ns, len(rank)), rank, kernel,
                             stream, win, kernels.names, window_ns, config)
 
 
-def summarize_sketch(sketch: DurationSketch, rank: np.ndarray, kernel: np.ndarray,
+def summarize_sketch(sketch: DurationSketch | BatchSketch, rank: np.ndarray, kernel: np.ndarray,
                      stream: np.ndarray, window: np.ndarray, names: list[str], window_ns: int,
                      config: CompressionConfig | None = None) -> KernelSummary:
     """Compress a duration sketch whose group g is (rank[g], kernel[g], stream[g], window[g]).

@@ -125,6 +125,7 @@ class _JobBuilder:
         self.ranks: dict[int, RankRecord] = {}
         self.step_rows: list[StepRecord] = []
         self.kernel_parts: list[tuple[int, np.ndarray, KernelBatch]] = []
+        self.kernel_columns: list[tuple[np.ndarray, ...]] = []  # bulk-parsed batches
         self.stacks: list[StackRecord] = []
 
 
@@ -150,6 +151,15 @@ class TraceBuilder:
         else:
             job.stacks.append(record)
 
+    def add_kernel_columns(self, job: str, rank: np.ndarray, name: np.ndarray,
+                           stream: np.ndarray, start_ns: np.ndarray, dur_ns: np.ndarray) -> None:
+        """Add many validated kernel executions of one job at once; ``name`` holds ids of
+        ``self.kernel_names`` (the reader's bulk path: many small batches in one go)."""
+        builder = self._jobs.get(job)
+        if builder is None:
+            builder = self._jobs[job] = _JobBuilder(job)
+        builder.kernel_columns.append((rank, name, stream, start_ns, dur_ns))
+
     @property
     def jobs(self) -> list[str]:
         """Jobs seen so far, in order of first appearance."""
@@ -157,30 +167,32 @@ class TraceBuilder:
 
     def finish(self) -> dict[str, Trace]:
         """Build one columnar Trace per job."""
-        return {name: Trace(name, b.ranks, _steps(b.step_rows), self._kernels(b.kernel_parts),
-                            b.stacks) for name, b in self._jobs.items()}
+        return {name: Trace(name, b.ranks, _steps(b.step_rows),
+                            self._kernels(b.kernel_parts, b.kernel_columns), b.stacks)
+                for name, b in self._jobs.items()}
 
-    def _kernels(self, parts: list[tuple[int, np.ndarray, KernelBatch]]) -> KernelTable:
+    def _kernels(self, parts: list[tuple[int, np.ndarray, KernelBatch]],
+                 columns: list[tuple[np.ndarray, ...]]) -> KernelTable:
         names = self.kernel_names.names
-        if not parts:
+        if parts:
+            lengths = [len(batch.name) for _, _, batch in parts]
+            columns = [(
+                np.repeat(np.array([r for r, _, _ in parts], dtype=np.int64), lengths),
+                np.concatenate([lut[batch.name] for _, lut, batch in parts]),
+                np.concatenate([batch.stream for _, _, batch in parts]),
+                np.concatenate([batch.start_ns for _, _, batch in parts]),
+                np.concatenate([batch.dur_ns for _, _, batch in parts])), *columns]
+        if not columns:
             empty = np.zeros(0, dtype=np.int64)
             return KernelTable(empty, empty.astype(np.int32), empty, empty, empty, names)
-        lengths = [len(batch.name) for _, _, batch in parts]
-        return KernelTable(
-            rank=np.repeat(np.array([r for r, _, _ in parts], dtype=np.int64), lengths),
-            name=np.concatenate([lut[batch.name] for _, lut, batch in parts]),
-            stream=np.concatenate([batch.stream for _, _, batch in parts]),
-            start_ns=np.concatenate([batch.start_ns for _, _, batch in parts]),
-            dur_ns=np.concatenate([batch.dur_ns for _, _, batch in parts]),
-            names=names,
-        )
+        rank, name, stream, start, dur = (np.concatenate(c) for c in zip(*columns, strict=True))
+        return KernelTable(rank=rank.astype(np.int64), name=name.astype(np.int32),
+                           stream=stream.astype(np.int64), start_ns=start.astype(np.int64),
+                           dur_ns=dur.astype(np.int64), names=names)
 
 
 def _steps(rows: list[StepRecord]) -> StepTable:
-    phase_names = SymbolTable()
-    for row in rows:
-        for name in row.phases:
-            phase_names.intern(name)
+    phase_names = _phase_order(rows)
     phases = np.full((len(rows), len(phase_names)), np.nan)
     for i, row in enumerate(rows):
         for name, seconds in row.phases.items():
@@ -201,3 +213,19 @@ def _steps(rows: list[StepRecord]) -> StepTable:
         phase_names=phase_names.names, phases=phases[order],
         gpu_t_ns=np.array([NO_GPU_T if r.gpu_t_ns is None else r.gpu_t_ns for r in rows],
                           dtype=np.int64)[order])
+
+
+def _phase_order(rows: list[StepRecord]) -> SymbolTable:
+    """Phase names in the order phases happen within a step.
+
+    Each record lists its phases in the order they started; a phase missing from some steps
+    (a custom phase, a warm-up step) is placed by its mean position among the others.
+    """
+    position: dict[str, list[float]] = {}  # name -> [sum of relative positions, count]
+    for row in rows:
+        last = max(len(row.phases) - 1, 1)
+        for i, name in enumerate(row.phases):
+            acc = position.setdefault(name, [0.0, 0])
+            acc[0] += i / last
+            acc[1] += 1
+    return SymbolTable(sorted(position, key=lambda n: position[n][0] / position[n][1]))

@@ -5,11 +5,11 @@ One line in a training script::
     import argus_exporters
     argus_exporters.instrument(model, optimizer)      # forward, backward, optimizer, steps
 
-plus, where wanted, ``with argus_exporters.phase("mlp"): ...`` for custom phases and
-``ddp.register_comm_hook(None, argus_exporters.ddp_comm_hook())`` for DP communication. Or no
-code change at all: ``argus run -- torchrun ... train.py``. Everything is off unless
-``ARGUS_ENABLED=1``; off, every call is a no-op. Nothing here ever raises into training: a bad
-setting is logged and Argus stays off.
+(a ``DistributedDataParallel`` model also gets its gradient all-reduce timed, through a comm
+hook Argus registers), plus, where wanted, ``with argus_exporters.phase("mlp"): ...`` for
+custom phases. Or no code change at all: ``argus run -- torchrun ... train.py``. Everything is
+off unless ``ARGUS_ENABLED=1``; off, every call is a no-op. Nothing here ever raises into
+training: a bad setting is logged and Argus stays off.
 """
 
 from __future__ import annotations
@@ -98,7 +98,13 @@ class _KernelSteps:
 
 
 def instrument(model: Any, optimizer: Any = None) -> list[Any]:
-    """Start Argus (if enabled) and time forward, backward and optimizer of ``model``."""
+    """Start Argus (if enabled) and time forward, backward and optimizer of ``model``.
+
+    A ``DistributedDataParallel`` model's gradient communication is timed too
+    (``dp-allreduce``): Argus registers DDP's default all-reduce as a timed comm hook, or
+    times the hook the application registers afterwards; one registered before is left as
+    is (logged).
+    """
     return hooks.instrument(model, optimizer, start())
 
 
@@ -117,7 +123,8 @@ def step() -> None:
 
 
 def ddp_comm_hook(hook: Any = None, phase_name: str = "dp-allreduce"):
-    """A DDP communication hook (default all-reduce) timed as ``phase_name``."""
+    """A DDP communication hook (default all-reduce) timed as ``phase_name``: for a hook
+    registered before ``instrument``, or without it."""
     return hooks.ddp_comm_hook(start(), hook, phase_name)
 
 

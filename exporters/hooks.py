@@ -5,18 +5,28 @@
 - backward: from the moment the gradient of the model's output arrives (a tensor hook on the
   output) until the autograd engine finishes the pass (a callback queued on the engine, the
   mechanism DDP itself uses), so it covers the whole backward including DDP's overlap;
-- optimizer: the optimizer's step pre- and post-hooks; the post-hook also closes the step.
+- optimizer: the optimizer's step pre- and post-hooks; the post-hook also closes the step;
+- a ``DistributedDataParallel`` model also gets its gradient all-reduce timed as
+  ``dp-allreduce``: Argus registers DDP's default all-reduce hook, timed, just before the
+  first forward, unless the application registers a hook of its own (then that hook is timed:
+  a ``register_comm_hook`` call after ``instrument`` is wrapped) or registered one before
+  (left alone, with a log line saying how to time it).
 Communication is timed on the stream the collective runs on: ``ddp_comm_hook`` wraps a DDP
 communication hook and ends the phase in the future's callback, which CUDA runs after the
-NCCL work; ``end_when_done`` does the same for any ``async_op=True`` work handle.
+NCCL work; ``end_when_done`` does the same for any ``async_op=True`` work handle. A step's
+buckets make one ``dp-allreduce`` interval, from the first bucket's start to the last one's end.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from argus_exporters.tracer import NoOpTracer, Tracer
+
+logger = logging.getLogger("argus_exporters")
+_TIMED = "_argus_timed"  # marks a comm hook that already times itself
 
 
 def instrument(model: Any, optimizer: Any, tracer: Tracer | NoOpTracer) -> list[Any]:
@@ -24,6 +34,8 @@ def instrument(model: Any, optimizer: Any, tracer: Tracer | NoOpTracer) -> list[
     if not tracer.enabled:
         return []
     handles = []
+    if _is_ddp(model):
+        handles += instrument_ddp_comm(model, tracer)
     state: dict[str, Any] = {}
 
     def forward_pre(module, args):
@@ -90,16 +102,20 @@ def ddp_comm_hook(tracer: Tracer | NoOpTracer, hook: Callable | None = None,
                   phase: str = "dp-allreduce") -> Callable:
     """Wrap a DDP communication hook (default: plain all-reduce) to time it as ``phase``.
 
-    ``ddp_model.register_comm_hook(state=None, hook=ddp_comm_hook(tracer))``. Buckets of one
-    step add up into one phase time.
+    ``ddp_model.register_comm_hook(state=None, hook=ddp_comm_hook(tracer))``. A step's
+    buckets make one interval, from the first bucket's start to the last one's end (each
+    bucket's own interval includes its queue behind the earlier ones: their sum could exceed
+    the step).
     """
     if hook is None:
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         hook = allreduce_hook
+    if getattr(hook, _TIMED, False):
+        return hook
 
     def timed(state, bucket):
-        token = tracer.begin_phase(phase)
+        token = tracer.begin_phase(phase, span=True)
         future = hook(state, bucket)
 
         def finished(fut):
@@ -108,7 +124,70 @@ def ddp_comm_hook(tracer: Tracer | NoOpTracer, hook: Callable | None = None,
 
         return future.then(finished)
 
+    setattr(timed, _TIMED, True)
+    timed.__qualname__ = f"argus_timed({getattr(hook, '__qualname__', 'hook')})"
     return timed
+
+
+def _is_ddp(model: Any) -> bool:
+    try:
+        from torch.nn.parallel import DistributedDataParallel
+    except ImportError:
+        return False
+    return isinstance(model, DistributedDataParallel)
+
+
+def instrument_ddp_comm(model: Any, tracer: Tracer | NoOpTracer) -> list[Any]:
+    """Time a DistributedDataParallel model's gradient communication as ``dp-allreduce``.
+
+    A hook the application registers later (``model.register_comm_hook``) is wrapped so it is
+    timed; if it registers none, DDP's default all-reduce is registered, timed, just before
+    the first forward; one registered before this call is left alone (DDP allows one hook),
+    with a log line. Returns a handle whose ``remove()`` undoes the interception.
+    """
+    existing = list(getattr(model, "_comm_hooks", []))
+    if existing:
+        if not all(getattr(hook, _TIMED, False) for hook, _ in existing):
+            logger.warning("argus: this DDP model already has a communication hook (%s); it "
+                           "is left as is and dp-allreduce is not timed. Register it as "
+                           "argus_exporters.ddp_comm_hook(your_hook) to time it.",
+                           ", ".join(getattr(h, "__qualname__", "?") for h, _ in existing))
+        return []
+    original = model.register_comm_hook
+    state = {"registered": False}
+
+    def register_comm_hook(hook_state: object, hook: Callable) -> None:
+        state["registered"] = True
+        if not getattr(hook, _TIMED, False):
+            logger.info("argus: timing the application's DDP comm hook %s as dp-allreduce",
+                        getattr(hook, "__qualname__", "?"))
+        original(hook_state, ddp_comm_hook(tracer, hook))
+
+    def before_first_forward(module, args):
+        handle.remove()
+        if state["registered"] or getattr(model, "_comm_hooks", []):
+            return
+        try:
+            original(None, ddp_comm_hook(tracer))
+            state["registered"] = True
+        except RuntimeError as exc:  # a built-in hook (fp16 compression) is already set
+            logger.warning("argus: could not time DDP communication (%s); dp-allreduce is "
+                           "not recorded", exc)
+
+    model.register_comm_hook = register_comm_hook
+    handle = model.register_forward_pre_hook(before_first_forward)
+    return [_Restore(model, "register_comm_hook", handle)]
+
+
+class _Restore:
+    """Undo an instance attribute override (and remove a hook) on ``remove()``."""
+
+    def __init__(self, obj: Any, attribute: str, handle: Any):
+        self.obj, self.attribute, self.handle = obj, attribute, handle
+
+    def remove(self) -> None:
+        self.obj.__dict__.pop(self.attribute, None)
+        self.handle.remove()
 
 
 def end_when_done(tracer: Tracer | NoOpTracer, token: Any, work: Any) -> Any:

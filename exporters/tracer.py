@@ -37,6 +37,7 @@ class _Phase:
     name: str
     start: Any
     end: Any
+    span: bool = False
 
 
 @dataclass
@@ -58,6 +59,7 @@ class PhaseToken:
     step: int
     start: Any
     stream: Any
+    span: bool = False
 
 
 class NoOpTracer:
@@ -65,7 +67,7 @@ class NoOpTracer:
 
     enabled = False
 
-    def begin_phase(self, name: str, stream: Any = None) -> None:
+    def begin_phase(self, name: str, stream: Any = None, span: bool = False) -> None:
         """Nothing."""
 
     def end_phase(self, token: Any, stream: Any = None) -> None:
@@ -102,6 +104,7 @@ class Tracer:
     # previous step ended; with ``instrument`` it starts at the first phase (forward), so a
     # host stall before it shows as wall time without device time.
     open_at_previous_end = False
+    model_instrumented = False  # ``argus run`` found a model to instrument (forward phases)
 
     def __init__(self, settings: Settings, identity: RankIdentity, clock: Clock | None = None,
                  health: Health | None = None, sink=None):
@@ -150,8 +153,14 @@ class Tracer:
     def _active(self) -> bool:
         return not (self._closed or self._in_child)  # never trace in forked workers
 
-    def begin_phase(self, name: str, stream: Any = None) -> PhaseToken | None:
-        """Mark the start of a phase on ``stream`` (device clocks) or now (host clock)."""
+    def begin_phase(self, name: str, stream: Any = None, span: bool = False,
+                    ) -> PhaseToken | None:
+        """Mark the start of a phase on ``stream`` (device clocks) or now (host clock).
+
+        A phase begun several times in a step adds up its intervals; with ``span`` (parts
+        that overlap, like a DDP step's gradient buckets, each queued behind the previous
+        one) it lasts from the first part's start to the last part's end instead.
+        """
         if not self._active():
             return None
         cpu0 = time.thread_time() if self._sampled else 0.0
@@ -160,7 +169,7 @@ class Tracer:
             step = self._current
             if step.first_mark is None:
                 self._open(step, stream)
-            token = PhaseToken(name, step.index, start, stream)
+            token = PhaseToken(name, step.index, start, stream, span)
         if self._sampled:
             self._cpu += time.thread_time() - cpu0
         return token
@@ -182,7 +191,7 @@ class Tracer:
         end = self.clock.mark(stream if stream is not None else token.stream)
         with self._lock:
             if token.step == self._current.index:
-                self._current.phases.append(_Phase(token.name, token.start, end))
+                self._current.phases.append(_Phase(token.name, token.start, end, token.span))
             else:  # ended after its step closed: its step record is already on its way
                 self.health.drop("late_phase")
                 self.clock.release(token.start)
@@ -271,24 +280,45 @@ class Tracer:
             done += 1
 
     def _resolve(self, step: _Step) -> None:
+        phases, offsets = self._phase_times(step)
         seconds = self.clock.seconds
-        spans = self.spans is not None and self.spans.active()
-        phases: dict[str, float] = {}
-        offsets = []
-        for p in step.phases:
-            duration = max(seconds(p.start, p.end), 0.0)
-            phases[p.name] = phases.get(p.name, 0.0) + duration
-            if spans:
-                offsets.append((p.name, seconds(step.first_mark, p.start), duration))
         gpu_s = max(seconds(step.first_mark, step.end_mark), 0.0)
         if self.settings.phases:
             self.emit(step_record(self.identity, step.index, step.t_ns, step.wall_s, gpu_s,
                                   phases, self.clock.epoch_ns(step.first_mark)))
         self.metrics.observe(step.wall_s, gpu_s, phases)
-        if spans:
+        if self.spans is not None and self.spans.active():
             self.spans.emit(step.index, step.t_ns, step.wall_s, step.first_epoch_ns, offsets)
         for mark in self._marks(step):
             self.clock.release(mark)
+
+    def _phase_times(self, step: _Step) -> tuple[dict[str, float], list[tuple[str, float,
+                                                                              float]]]:
+        """Seconds per phase name, in the order the phases started, and each interval's
+        (name, start offset, duration) for spans.
+
+        Intervals of one name add up, except span phases (a DDP step's buckets), which last
+        from their first start to their last end: each bucket's interval includes its queue
+        behind the earlier ones, and summing them could exceed the step itself.
+        """
+        seconds = self.clock.seconds
+        first: dict[str, float] = {}
+        total: dict[str, float] = {}
+        span_end: dict[str, float] = {}
+        offsets = []
+        for p in step.phases:
+            start = seconds(step.first_mark, p.start)
+            duration = max(seconds(p.start, p.end), 0.0)
+            offsets.append((p.name, start, duration))
+            if p.span:
+                span_end[p.name] = max(span_end.get(p.name, start), start + duration)
+            else:
+                total[p.name] = total.get(p.name, 0.0) + duration
+            first[p.name] = min(first.get(p.name, start), start)
+        for name, end in span_end.items():
+            total[name] = total.get(name, 0.0) + max(end - first[name], 0.0)
+        ordered = sorted(first, key=first.__getitem__)
+        return {name: total[name] for name in ordered}, offsets
 
     # -- records, flush, shutdown ----------------------------------------------------------
     def emit(self, record: dict) -> None:

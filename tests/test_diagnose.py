@@ -49,3 +49,21 @@ def test_zero_time_phase_gives_valid_json(trace_of):
     text = json.dumps(doc, allow_nan=False)  # raises on NaN/Infinity
     assert "optimizer" in text
     assert [(v["rank"], v["cause"]) for v in doc["verdict"]] == [(2, "compute")]
+
+
+def test_thresholds_can_be_set_by_name(trace_of):
+    """``LEVEL.NAME=VALUE`` settings change what is reported; a bad one names itself."""
+    import pytest
+
+    from argus_core.detect.diagnose import DiagnoseConfig
+
+    trace = trace_of(CASES["compute-straggler"].config(seed=0))
+    strict = DiagnoseConfig().with_overrides(["l3.min_score=50", "l2.min_ratio=30"])
+    assert strict.l3.min_score == 50 and strict.l2.min_ratio == 30
+    doc = diagnose(trace, strict).to_json()
+    assert doc["l3"]["stragglers"] == [] and doc["l2"]["stragglers"] == []
+    assert diagnose(trace).to_json()["l3"]["stragglers"]  # the defaults find it
+    for bad, message in (("l2.nope=1", "no threshold 'l2.nope'"), ("l2.alpha=x", "a float"),
+                         ("alpha", "NAME=VALUE")):
+        with pytest.raises(ValueError, match=message):
+            DiagnoseConfig().with_overrides([bad])

@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from argus_core.detect.arrival import collective_times
 from argus_core.detect.l1 import L1Config, detect_l1, rolling_median
 from argus_core.detect.steps import StepMatrix
 from argus_core.stats.changepoint import change_points, noise_scale
+from argus_core.topology import Topology
 
 
 def matrix(wall: np.ndarray, gpu: np.ndarray | None = None) -> StepMatrix:
@@ -106,3 +108,62 @@ def test_change_points_and_noise_scale():
     sigma = noise_scale(y)
     assert sigma == pytest.approx(0.05, rel=0.3)
     assert change_points(y, 6.0, 3, 0.1, sigma) == [30, 60]
+
+
+def phase_steps(ranks=4, steps=40, seed=0):
+    """(wall, gpu, phases) of a synchronous dp job: forward, backward, dp-allreduce."""
+    rng = np.random.default_rng(seed)
+    forward = 0.02 * np.exp(rng.normal(0, 0.02, (ranks, steps)))
+    backward = 0.04 * np.exp(rng.normal(0, 0.02, (ranks, steps)))
+    own = forward + backward
+    comm = 0.005 + (own.max(axis=0) - own)  # early ranks wait for the last one
+    phases = np.stack([forward, backward, comm], axis=2)
+    gpu = phases.sum(axis=2)
+    wall = gpu.max(axis=0)[None, :] + 0.002
+    return wall + np.zeros((ranks, 1)), gpu, phases
+
+
+def dp_matrix(wall, gpu, phases) -> StepMatrix:
+    ranks, steps = wall.shape
+    return StepMatrix(np.arange(ranks), np.arange(steps), np.arange(steps) * 10**9, wall, gpu,
+                      phases, ["forward", "backward", "dp-allreduce"])
+
+
+def test_sustained_host_stall_is_attributed_to_its_rank():
+    """Rank 1 sleeps 120 ms before every all-reduce from step 8 on (device idle, phases flat);
+    the others wait for it inside the all-reduce. The regression is rank 1's, cause host."""
+    wall, gpu, phases = phase_steps()
+    gpu[1, 8:] += 0.12  # idle inside its step: GPU time up, no phase longer
+    phases[[0, 2, 3], 8:, 2] += 0.12  # the others wait in the collective
+    gpu[[0, 2, 3], 8:] += 0.12
+    wall[:, 8:] += 0.12
+    m = dp_matrix(wall, gpu, phases)
+    result = detect_l1(m, times=collective_times(m, Topology(dp=4).coords()))
+    assert [s for s, _ in result.regressions] == [8]
+    assert [(c.rank, c.step, c.cause, c.event) for c in result.culprits] == [
+        (1, 8, "host", "regression")]
+    assert result.culprits[0].excess_s == pytest.approx(0.12, rel=0.05)
+    assert result.culprits[0].last_step == 39
+
+
+def test_regression_of_a_compute_straggler_is_attributed():
+    """Rank 3's backward doubles from step 20: the regression is its compute."""
+    wall, gpu, phases = phase_steps()
+    phases[3, 20:, 1] *= 2
+    own = phases[:, :, 0] + phases[:, :, 1]
+    phases[:, :, 2] = 0.005 + (own.max(axis=0) - own)
+    gpu = phases.sum(axis=2)
+    wall = gpu.max(axis=0)[None, :] + 0.002 + np.zeros((4, 1))
+    m = dp_matrix(wall, gpu, phases)
+    result = detect_l1(m, times=collective_times(m, Topology(dp=4).coords()))
+    assert [(c.rank, c.cause) for c in result.culprits] == [(3, "compute")]
+
+
+def test_job_wide_slowdown_has_no_culprit():
+    """Every rank slows down alike (a shared cause): a regression, and nobody to blame."""
+    wall, gpu, phases = phase_steps()
+    wall[:, 20:] *= 1.5
+    gpu[:, 20:] *= 1.5
+    phases[:, 20:] *= 1.5
+    result = detect_l1(dp_matrix(wall, gpu, phases))
+    assert [s for s, _ in result.regressions] == [20] and result.culprits == []

@@ -7,7 +7,7 @@ import pytest
 
 from argus_core.detect.l2 import detect_l2
 from argus_core.detect.steps import StepMatrix
-from argus_core.stats.robust import family_z, lower_half_fence, median_of_others
+from argus_core.stats.robust import family_z, healthy_centre_spread, median_of_others
 from argus_core.topology import Topology
 
 
@@ -79,26 +79,128 @@ def test_slow_link_shows_as_a_whole_group():
 
 
 def test_median_of_others_and_fences():
-    """Helpers: leave-one-out medians; lower-half fence ignores a degraded upper half."""
+    """Helpers: leave-one-out medians; the healthy spread ignores a degraded upper half but
+    reads a skewed healthy row by its middle."""
     v = np.array([[1.0, 2.0, 3.0, 10.0]])
     np.testing.assert_allclose(median_of_others(v), [[3, 3, 2, 2]])
     scores = np.array([[0.01, 0.012, 0.011, 0.013, 2.0, 2.1, 2.2, 2.05]])
-    assert lower_half_fence(scores, 4.0)[0] < 0.1
+    centre, spread = healthy_centre_spread(scores)
+    assert centre[0] + 4 * spread[0] < 0.1  # the degraded half cannot widen the fence
+    rng = np.random.default_rng(0)
+    skewed = np.exp(rng.normal(0, 0.5, (1, 400))) * 0.02
+    centre, spread = healthy_centre_spread(skewed)
+    assert centre[0] == pytest.approx(np.median(skewed)) and spread[0] > 0.008
     assert family_z(10_000) > family_z(10) > 3
 
 
 def test_pairs_are_decided_by_who_waits():
-    """dp=2: the rank its partner waits for in the all-reduce is the straggler; the waiter's
-    own long phase (its wait inside backward) is not."""
-    forward = np.array([0.1, 0.3])
-    backward = np.array([0.3, 0.1])  # rank 0's backward includes waiting for rank 1
-    comm = np.array([0.21, 0.01])
+    """dp=2, as measured on a real gloo DDP job: rank 1 sleeps 30 ms in forward, rank 0 waits
+    those 30 ms in its all-reduce. Rank 1's forward is the straggler; rank 0's long
+    all-reduce is waiting, not a slow link."""
+    forward = np.array([0.001, 0.031])
+    backward = np.array([0.001, 0.001])
+    comm = np.array([0.031, 0.001])
     m = phase_matrix({"forward": forward, "backward": backward, "dp-allreduce": comm})
     result = detect_l2(m, Topology(dp=2).coords(), np.ones(20, dtype=bool))
-    assert [(f.rank, f.phase, f.axis) for f in result.findings] == [(1, "forward", "dp")]
+    assert [(f.rank, f.phase, f.axis, f.kind) for f in result.findings] == [
+        (1, "forward", "dp", "compute")]
+
+
+def test_pair_without_collective_phase_is_decided_by_unaccounted_time():
+    """dp=2 instrumented without a comm hook (only forward, backward, optimizer): rank 0's
+    wait is time in no phase (wall minus its phases). That decides the pair."""
+    phases = {"forward": np.array([0.001, 0.031]), "backward": np.array([0.001, 0.001]),
+              "optimizer": np.array([0.0002, 0.0002])}
+    m = phase_matrix(phases)
+    m.wall = np.full_like(m.wall, 0.034)  # synchronous: both ranks' steps take as long
+    m.gpu = np.full_like(m.gpu, np.nan)  # a CPU job: no device time
+    result = detect_l2(m, Topology(dp=2).coords(), np.ones(20, dtype=bool))
+    assert [(f.rank, f.phase) for f in result.findings] == [(1, "forward")]
+
+
+def test_arrival_skew_long_collective_with_nobody_late_is_the_link():
+    """Equal compute before the collective, ranks 4 and 5's tp-comm 3x longer than their
+    group's: nobody arrived late, so it is their link (time minus the shortest would have
+    excused it as waiting)."""
+    topo = Topology(tp=4, dp=4)
+    comm = np.full(16, 0.002)
+    comm[[4, 5]] = 0.006
+    m = phase_matrix({"mlp": np.full(16, 0.1), "tp-comm": comm, "optimizer": np.full(16, 0.01)})
+    result = detect_l2(m, topo.coords(), np.ones(20, dtype=bool))
+    found = {(f.rank, f.phase, f.kind) for f in result.findings}
+    assert found == {(4, "tp-comm", "communication"), (5, "tp-comm", "communication")}
+    assert not result.roles  # nobody waits
+
+
+def test_late_straggler_is_judged_on_its_own_slow_steps():
+    """512 ranks, 9% step noise, rank 77 1.3x slower from step 15 of 30: the median over all
+    steps dilutes it below the threshold, its own onset does not."""
+    rng = np.random.default_rng(3)
+    topo = Topology(dp=64, tp=8)
+    steps = 30
+    base = 0.1 * np.exp(rng.normal(0, 0.02, 512))[:, None] * np.exp(
+        rng.normal(0, 0.09, (512, steps)))
+    base[77, 15:] *= 1.3
+    m = StepMatrix(np.arange(512), np.arange(steps), np.arange(steps) * 10**9, base, base,
+                   base[:, :, None], ["mlp"])
+    result = detect_l2(m, topo.coords(), np.arange(steps) >= 2)
+    assert [f.rank for f in result.findings] == [77]
+    finding = result.findings[0]
+    assert abs(finding.onset - 15) <= 1 and finding.ratio >= 1.25
+    assert np.median(base[77, 2:] / np.median(base[:, 2:], axis=0)) < 1.25  # diluted
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_healthy_large_job_is_silent(seed):
+    """1,024 ranks on four axes with 2% persistent rank spread and 5% step noise: the pooled,
+    family-wise fences flag nobody, in any phase (compute or collective)."""
+    rng = np.random.default_rng(seed)
+    topo = Topology(dp=8, tp=8, pp=4, ep=4)
+    n = topo.world_size
+    speed = np.exp(rng.normal(0, 0.02, n))[:, None]
+    phases = {name: base * speed * np.exp(rng.normal(0, 0.05, (n, 20)))
+              for name, base in (("mlp", 0.1), ("attention", 0.05), ("tp-comm", 0.004),
+                                 ("pp-p2p", 0.001), ("dp-allreduce", 0.01))}
+    names = list(phases)
+    values = np.stack([phases[k] for k in names], axis=2)
+    total = values.sum(axis=2)
+    m = StepMatrix(np.arange(n), np.arange(20), np.arange(20) * 10**9, total, total, values,
+                   names)
+    result = detect_l2(m, topo.coords(), np.ones(20, dtype=bool))
+    assert result.findings == []
+    assert result.tests > 10_000 and result.z_family > 4.5
+
+
+def test_unlike_pipeline_stages_are_not_compared():
+    """The first and last stages do more work (embedding, loss): compared with the middle
+    stages they would look slow; with stage classes they are left alone."""
+    topo = Topology(pp=8, dp=4)
+    pp = topo.coords()[:, 2]
+    attention = np.where(pp == 0, 0.13, np.where(pp == 7, 0.14, 0.1))
+    m = phase_matrix({"attention": attention})
+    everyone = detect_l2(m, topo.coords(), np.ones(20, dtype=bool))
+    heavy = set(np.flatnonzero((pp == 0) | (pp == 7)).tolist())
+    assert {f.rank for f in everyone.findings} == heavy  # compared blindly
+    classes = np.array([0, 1, 1, 1, 1, 1, 1, 2])[pp]
+    assert detect_l2(m, topo.coords(), np.ones(20, dtype=bool), stage_class=classes
+                     ).findings == []
 
 
 def test_pairs_without_collective_timing_are_left_alone():
     """dp=2 with no communication phase: nothing says which member is odd, so no finding."""
     m = phase_matrix({"forward": np.array([0.1, 0.3])})
     assert detect_l2(m, Topology(dp=2).coords(), np.ones(20, dtype=bool)).findings == []
+
+
+def test_one_step_of_medians_is_judged():
+    """A metrics snapshot holds one value per rank and phase (a median over a window): with
+    no step noise to read, the pooled spread and the floor judge it, and the straggler is
+    found."""
+    mlp = np.full(16, 0.1) * np.exp(np.random.default_rng(0).normal(0, 0.01, 16))
+    mlp[9] = 0.15
+    values = mlp[:, None, None]
+    nan = np.full((16, 1), np.nan)
+    m = StepMatrix(np.arange(16), np.zeros(1, np.int64), np.zeros(1, np.int64), nan, nan,
+                   values, ["mlp"])
+    result = detect_l2(m, Topology(dp=16).coords(), np.ones(1, dtype=bool))
+    assert [(f.rank, f.phase) for f in result.findings] == [(9, "mlp")]

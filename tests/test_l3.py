@@ -77,3 +77,32 @@ def test_excess_ns_is_score_times_reference_mean():
     assert scores.excess_ns[row] > 0
     assert scores.excess_ns[row] / scores.score[row] > 0
     assert scores.executions[row] == scores.executions[healthy]
+
+
+HETEROGENEOUS = dict(rank_spread=0.02, count_jitter=0.05, spread_jitter=0.05)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_realistic_heterogeneity_raises_no_alarm(seed):
+    """2% rank speed spread plus 5% jitter of every cluster's count and spread (MoE routing,
+    GPU bins) at 2,000 ranks x 20 kernels: nobody is flagged."""
+    s = synthetic_summaries(2000, 20, seed=seed, **HETEROGENEOUS)
+    assert flagged_ranks(score_kernels(s)) == []
+
+
+def test_slightly_slower_rank_with_more_slow_mode_work_is_not_a_straggler():
+    """The first false alarm seen at scale: a rank 6% slower that also ran a few more
+    slow-mode executions. Inside the healthy spread: not flagged."""
+    s = synthetic_summaries(1000, 20, seed=4, slow={7: 1.06}, slow_mode_share={7: 1.08},
+                            **HETEROGENEOUS)
+    assert 7 not in flagged_ranks(score_kernels(s))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_modest_uniform_straggler_found_by_its_rank_level_score(seed):
+    """A rank 1.25x slower on every kernel among 2,000 heterogeneous ranks: each kernel alone
+    is within a few spreads, all of them together are far out. Found, and only it."""
+    s = synthetic_summaries(2000, 20, seed=seed, slow={1234: 1.25}, **HETEROGENEOUS)
+    scores = score_kernels(s)
+    assert flagged_ranks(scores) == [1234]
+    assert scores.rank_z[scores.rank == 1234][0] > 5

@@ -412,3 +412,55 @@ def test_progress_callback_reports_bytes_read(sim_dir):
     seen = []
     load_traces([sim_dir], progress=seen.append)
     assert sum(seen) == sum(p.stat().st_size for p in sim_dir.iterdir())
+
+
+# -- many small kernel batches, parsed in bulk ------------------------------------------------
+def small_batches(count: int, names_variants: int = 3, job: str = "j") -> list[str]:
+    """``count`` kernels lines of 1-4 kernels each, several distinct ``names`` lists."""
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(count):
+        names = [f"k{(i % names_variants) + j}" for j in range(3)]
+        n = int(rng.integers(1, 5))
+        out.append(line(v=1, kind="kernels", job=job, rank=i % 4, names=names,
+                        name=rng.integers(0, 3, n).tolist(), stream=[7] * n,
+                        start_ns=(10**18 + i * 1000 + np.arange(n)).tolist(),
+                        dur_ns=rng.integers(1, 10**6, n).tolist()))
+    return out
+
+
+def test_many_small_batches_load_as_parsed_one_by_one(tmp_path):
+    """Thousands of small batches (bulk path) give exactly the kernels that parsing each
+    record on its own gives: same executions, names resolved through each line's list."""
+    from argus_core.schema import parse_record
+    from argus_core.trace import TraceBuilder
+
+    lines = small_batches(10_000)
+    result = load_traces([write_lines(tmp_path / "k.ndjson", [rank_rec(0), *lines])])
+    bulk = result.traces["j"].kernels
+    builder = TraceBuilder()
+    for text in lines:
+        builder.add(parse_record(json.loads(text)))
+    one_by_one = builder.finish()["j"].kernels
+    assert result.records == 10_001 and result.rejected == 0
+
+    def rows(k):
+        return sorted(zip(k.rank.tolist(), [k.names[i] for i in k.name], k.stream.tolist(),
+                          k.start_ns.tolist(), k.dur_ns.tolist(), strict=True))
+
+    assert rows(bulk) == rows(one_by_one)
+
+
+def test_a_bad_batch_among_many_is_rejected_alone(tmp_path):
+    """One bad kernels line inside a group of good ones: that line is rejected with its line
+    number and field; every other batch of the group is kept."""
+    lines = small_batches(3000)
+    bad = json.loads(lines[1500])
+    bad["dur_ns"][0] = -7
+    lines[1500] = json.dumps(bad)
+    lines[2000] = lines[2000].replace('"names": [', '"names": [1, ')
+    result = load_traces([write_lines(tmp_path / "k.ndjson", lines)])
+    assert [(r.line, r.field) for r in result.rejects] == [(1501, "dur_ns[0]"), (2001, "names")]
+    expected = sum(len(json.loads(t)["name"]) for i, t in enumerate(lines)
+                   if i not in (1500, 2000))
+    assert len(result.traces["j"].kernels) == expected and result.records == 2998

@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from argus_core.reader import load_traces
-from argus_core.simulate import CASES, SimConfig, parse_fault, simulate, write_records
+from argus_core.simulate import (
+    CASES,
+    SimConfig,
+    parse_fault,
+    simulate,
+    simulate_trace,
+    write_records,
+)
 from argus_core.topology import Topology, axis_groups
 
 
@@ -48,7 +55,9 @@ def test_link_fault_slows_the_whole_collective_group(trace_of):
 @pytest.mark.parametrize("spec", [
     "compute:ranks=5:phases=attention*25,mlp*20:from=15",
     "link:ranks=4-7:axis=tp:factor=8:ops=AllGather*12,ReduceScatter*20:from=0",
+    "link:ranks=4,5:axis=tp:factor=3:from=2:local=1",
     "stall:ranks=3:steps=12,27:seconds=2.5",
+    "stall:ranks=1:from=8:seconds=0.12:before=dp",
 ])
 def test_fault_spec_round_trip(spec):
     """Fault specs parse and print back to the same text."""
@@ -60,6 +69,8 @@ def test_fault_spec_round_trip(spec):
     ("compute:ranks=1", "missing phases="),
     ("link:ranks=1:axis=tp:factor=x", "factor"),
     ("stall:ranks=1:steps=2:seconds=1:color=red", "unknown key"),
+    ("stall:ranks=1:seconds=1", "needs steps=N,M or from=N"),
+    ("link:ranks=1:axis=tp:factor=2:local=yes", "local must be 0 or 1"),
     ("compute:ranks=1:phases", "expected key=value"),
 ])
 def test_bad_fault_specs(spec, message):
@@ -84,3 +95,81 @@ def test_topology_coords_and_groups():
     assert tp_groups[0] == tp_groups[1] != tp_groups[2]
     with pytest.raises(ValueError, match="bad topology"):
         Topology.parse("dp=2,xx=3")
+
+
+REALISTIC = SimConfig(topology=Topology(dp=2, tp=2, pp=3), steps=12, seed=3, rank_spread=0.02,
+                      clock_offset_s=0.003, clock_jitter_s=0.002, count_jitter=0.05,
+                      unequal_stages=True,
+                      faults=(parse_fault("stall:ranks=1:from=8:seconds=0.12:before=dp"),))
+
+
+def test_direct_trace_equals_the_records(trace_of):
+    """simulate_trace (columns, no records) builds exactly what reading simulate's records
+    through the schema parser builds."""
+    from_records, direct = trace_of(REALISTIC), simulate_trace(REALISTIC)
+    for name in ("rank", "step", "t_ns", "wall_s", "gpu_s", "phases"):
+        np.testing.assert_array_equal(getattr(from_records.steps, name),
+                                      getattr(direct.steps, name))
+    assert from_records.steps.phase_names == direct.steps.phase_names
+    for name in ("rank", "name", "stream", "start_ns", "dur_ns"):
+        np.testing.assert_array_equal(getattr(from_records.kernels, name),
+                                      getattr(direct.kernels, name))
+    assert [(s.rank, s.t_ns, s.frames) for s in from_records.stacks] == [
+        (s.rank, s.t_ns, s.frames) for s in direct.stacks]
+
+
+def test_each_rank_has_its_own_clock():
+    """Clock offsets shift all of a rank's times; the host's step start leads the device's
+    (never follows it); steps and kernels of one rank stay on one clock."""
+    trace = simulate_trace(REALISTIC)
+    steps, k = trace.steps, trace.kernels
+    offsets = [steps.t_ns[(steps.rank == r) & (steps.step == 0)][0] for r in range(12)]
+    assert max(offsets) - min(offsets) > 1_000_000  # milliseconds apart
+    for r in range(12):
+        starts = steps.t_ns[steps.rank == r]
+        first_kernel = [k.start_ns[(k.rank == r) & (k.start_ns >= s)].min() for s in starts]
+        lead = np.array(first_kernel) - starts
+        assert (lead >= 0).all() and (lead < 20_000_000).all()
+
+
+def test_unequal_stages_and_moe_jitter():
+    """First stage embeds, last stage computes the LM head; expert kernels' executions vary
+    per rank and step; the other kernels run the same number of times everywhere."""
+    trace = simulate_trace(REALISTIC)
+    k = trace.kernels
+    pp = trace.coords(np.arange(12))[:, 2]
+
+    def ranks_running(name):
+        return set(np.unique(k.rank[k.name == k.names.index(name)]).tolist())
+
+    assert ranks_running("embedding_fwd_kernel") == set(np.flatnonzero(pp == 0).tolist())
+    assert ranks_running("sm90_xmma_gemm_bf16_lm_head") == set(np.flatnonzero(pp == 2).tolist())
+
+    def per_rank(name):
+        return np.bincount(k.rank[k.name == k.names.index(name)], minlength=12)
+
+    assert len(set(per_rank("sm90_xmma_gemm_bf16_mlp_fc1").tolist())) > 1
+    assert len(set(per_rank("flash_fwd_kernel").tolist())) == 1
+
+
+def test_stall_inside_the_step_idles_the_device():
+    """A stall before the all-reduce: the rank's GPU time grows by it while no phase does;
+    its peers' all-reduce absorbs it as waiting."""
+    trace = simulate_trace(REALISTIC)
+    s = trace.steps
+    total = np.nansum(s.phases, axis=1)
+    idle = s.gpu_s - total
+    late = (s.rank == 1) & (s.step >= 8)
+    assert np.all(idle[late] > 0.11) and np.all(idle[~late] < 0.01)
+    col = s.phase_names.index("dp-allreduce")
+    partner = (s.rank == 3) & (s.step >= 8)  # rank 1's dp partner (tp=2)
+    assert np.all(s.phases[partner, col] > 0.11)
+
+
+def test_kernels_recorded_in_one_step_of_n():
+    """kernel_every=3 records kernels in steps 0, 3, 6, ... only (the exporter's duty cycle)."""
+    config = SimConfig(topology=Topology(dp=2), steps=7, kernel_every=3)
+    trace = simulate_trace(config)
+    step_of = np.searchsorted(np.unique(trace.steps.t_ns), trace.kernels.start_ns,
+                              side="right") - 1
+    assert sorted(set(step_of.tolist())) == [0, 3, 6]

@@ -1,4 +1,8 @@
-"""Progressive diagnosis of one job's trace: L1, then L2 and L3 on the steady steps, verdicts.
+"""Progressive diagnosis of one job's trace: L1, then L2 and L3 on the judged steps, verdicts.
+
+Judged steps are past warm-up and not L1 spikes. L2 finds each rank's own onset; L3 compares
+kernels from the latest onset found (L1's regression or an L2 rank's) when enough steps follow
+it, so a late straggler is not diluted by its healthy steps.
 
 ``diagnose(trace)`` returns a ``Diagnosis``; ``Diagnosis.to_json()`` is the documented
 ``argus diagnose --json`` contract (DESIGN.md).
@@ -6,14 +10,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from argus_core.detect.arrival import collective_times
 from argus_core.detect.l1 import L1Config, L1Result, detect_l1
 from argus_core.detect.l2 import L2Config, L2Result, detect_l2
 from argus_core.detect.l3 import KernelScores, L3Config
 from argus_core.detect.l3_findings import KernelFinding, kernel_findings
+from argus_core.detect.placement import device_starts, place_kernels
+from argus_core.detect.stages import stage_classes
 from argus_core.detect.steps import StepMatrix, step_matrix
 from argus_core.detect.verdict import Verdict, build_verdicts
 from argus_core.stats.compress import CompressionConfig
@@ -31,6 +39,31 @@ class DiagnoseConfig:
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     window_s: float = DEFAULT_WINDOW_S
     peer_axis: str = "pp"  # L3 compares ranks at the same position on this axis
+    min_onset_steps: int = 5  # L3 starts at the latest onset only if this many steps follow
+
+    def with_overrides(self, settings: list[str]) -> DiagnoseConfig:
+        """A copy with ``LEVEL.NAME=VALUE`` settings applied (``l2.alpha=0.01``,
+        ``l3.min_score=0.2``, ``window_s=30``); raises ValueError naming a bad one."""
+        config = self
+        for setting in settings:
+            key, sep, text = setting.partition("=")
+            if not sep:
+                raise ValueError(f"{setting!r}: expected NAME=VALUE")
+            level, _, name = key.strip().rpartition(".")
+            target = getattr(config, level) if level else config
+            if not dataclasses.is_dataclass(target) or name not in {
+                    f.name for f in dataclasses.fields(target)}:
+                raise ValueError(f"{setting!r}: no threshold {key.strip()!r} (see the README's "
+                                 f"thresholds table)")
+            current = getattr(target, name)
+            try:
+                value = (text.strip().lower() in ("1", "true", "yes") if isinstance(current, bool)
+                         else type(current)(text.strip()))
+            except ValueError:
+                raise ValueError(f"{setting!r}: expected a {type(current).__name__}") from None
+            updated = dataclasses.replace(target, **{name: value})
+            config = (dataclasses.replace(config, **{level: updated}) if level else updated)
+        return config
 
 
 @dataclass
@@ -82,17 +115,35 @@ def diagnose(trace: Trace, config: DiagnoseConfig | None = None) -> Diagnosis:
     if silent:
         warnings.append(f"{len(silent)} rank(s) have no step records and are left out of L1/L2: "
                         f"{', '.join(map(str, silent[:10]))}{' ...' if len(silent) > 10 else ''}")
-    l1 = detect_l1(matrix, config.l1)
     coords = trace.coords(matrix.ranks)
-    steady = l1.steady_mask
-    if len(matrix.steps) and not steady.any():
+    placement = place_kernels(trace.kernels, matrix)
+    warnings += placement.warnings
+    times = collective_times(matrix, coords, device_starts(trace.kernels, placement, matrix))
+    l1 = detect_l1(matrix, config.l1, times)
+    calm = l1.judged & ~l1.spike_mask
+    if len(matrix.steps) and not calm.any():
         warnings.append("no steady steps to compare ranks on (too few steps after warm-up)")
-    l2 = detect_l2(matrix, coords, steady, config.l2) if steady.any() else L2Result()
-    scores, l3, excused = kernel_findings(trace, matrix, l1, l2.wait_s, config.window_s,
+    stages = stage_classes(trace.kernels, placement.step_col, matrix.ranks, coords)
+    l2 = (detect_l2(matrix, coords, calm, config.l2, times, stages) if calm.any()
+          else L2Result())
+    steps = _kernel_steps(matrix, calm, l1, l2, config.min_onset_steps)
+    scores, l3, excused = kernel_findings(trace, matrix, steps, placement, config.window_s,
                                           config.peer_axis, config.compression, config.l3)
     verdicts = build_verdicts(l1, l2, l3, trace.stacks, matrix.t_ns)
     return Diagnosis(trace.job, matrix, l1, l2, l3, excused, verdicts, scores, warnings,
                      len(trace.kernels))
+
+
+def _kernel_steps(matrix: StepMatrix, calm: np.ndarray, l1: L1Result, l2: L2Result,
+                  min_steps: int) -> np.ndarray:
+    """Steps whose kernels L3 compares: the calm ones from the latest onset on, if enough."""
+    onsets = [step for step, _ in l1.regressions[-1:]]
+    onsets += [f.onset for f in l2.findings if f.onset is not None]
+    if onsets:
+        later = calm & (matrix.steps >= max(onsets))
+        if later.sum() >= min_steps:
+            return later
+    return calm
 
 
 def step_range(matrix: StepMatrix) -> str:

@@ -4,9 +4,16 @@ Synchronous training runs at the speed of its slowest rank, so L1 looks at one s
 over ranks of each step's wall time. (Per-rank L1 on synchronised step times would flag every
 rank at once.) Spikes are steps far above the centred rolling median; regressions are shifts of
 the log iteration time found by binary segmentation, after spikes are replaced by that median.
-Spikes are then attributed to ranks: a rank whose host time (wall - GPU) jumped while its GPU
-time did not is stalled on the host (paper case 4); one whose compute time jumped is a
-transient compute straggler.
+
+Every spike and regression is then attributed to the ranks that caused it: the late arriver,
+whose *own* time rose while the others' rise is waiting for it. A rank's time per step is split
+(``argus_core.detect.arrival``) into compute phases, collective transfer, waiting, host time
+(wall - GPU; only the part before the step's device work where kernels show when that began)
+and device idle time (GPU time in no phase: a host stall in mid-step). A culprit's compute,
+transfer, host or idle time rose, against the median rise of the other ranks, by at least
+``attribution_share`` of the job's extra time; its cause is the part that rose most (host and
+idle: host, the GPU work stayed flat; compute; transfer: communication), and an event has one
+cause, that of the largest rise.
 """
 
 from __future__ import annotations
@@ -15,10 +22,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from argus_core.detect.arrival import CollectiveTimes, collective_times
 from argus_core.detect.steps import StepMatrix
+from argus_core.schema import AXES
 from argus_core.stats.changepoint import change_points, noise_scale
 from argus_core.stats.robust import nanmedian
-from argus_core.taxonomy import is_comm_phase
 
 
 @dataclass(frozen=True)
@@ -36,13 +44,16 @@ class L1Config:
 
 
 @dataclass
-class SpikeCulprit:
-    """A rank that explains a spike, and why."""
+class Culprit:
+    """A rank that explains a spike or a regression, and why."""
 
     rank: int
-    step: int
-    cause: str  # host or compute
-    excess_s: float  # extra host (or compute) time at the spike
+    step: int  # the spike's step, or the regression's first step
+    cause: str  # host, compute or communication
+    excess_s: float  # extra time per step in that part of the rank's own time
+    event: str = "spike"  # spike or regression
+    last_step: int | None = None  # regression: last step of the slow segment
+
 
 
 @dataclass
@@ -55,7 +66,9 @@ class L1Result:
     judged: np.ndarray  # bool per step: past warm-up and recorded
     spikes: list[tuple[int, float]] = field(default_factory=list)  # (step, ratio)
     regressions: list[tuple[int, float]] = field(default_factory=list)  # (onset step, ratio)
-    culprits: list[SpikeCulprit] = field(default_factory=list)
+    culprits: list[Culprit] = field(default_factory=list)
+    segments: list[tuple[int, int, int]] = field(default_factory=list)  # regression: (before
+    # start, onset, after end) as judged-step indices into ``steps``
 
     @property
     def spike_mask(self) -> np.ndarray:
@@ -64,7 +77,7 @@ class L1Result:
 
     @property
     def steady_mask(self) -> np.ndarray:
-        """Steps L2 and L3 analyse: judged, not spikes, and after the last regression onset."""
+        """Judged steps that are no spike, after the last regression's onset (one regime)."""
         mask = self.judged & ~self.spike_mask
         if self.regressions:
             mask &= self.steps >= self.regressions[-1][0]
@@ -81,8 +94,11 @@ def rolling_median(y: np.ndarray, window: int) -> np.ndarray:
     return nanmedian(windows, axis=1)
 
 
-def detect_l1(matrix: StepMatrix, config: L1Config | None = None) -> L1Result:
-    """Spikes and regressions of the job's iteration time (max wall time over ranks)."""
+def detect_l1(matrix: StepMatrix, config: L1Config | None = None,
+              times: CollectiveTimes | None = None) -> L1Result:
+    """Spikes and regressions of the job's iteration time (max wall time over ranks), each
+    attributed to its culprit ranks. ``times`` splits the ranks' time (computed here, with
+    every rank in one collective group, when not given)."""
     config = config or L1Config()
     recorded = ~np.all(np.isnan(matrix.wall), axis=0)
     iteration = np.max(np.where(np.isnan(matrix.wall), -np.inf, matrix.wall), axis=0,
@@ -114,34 +130,86 @@ def detect_l1(matrix: StepMatrix, config: L1Config | None = None) -> L1Result:
         ratio_cp = float(np.exp(after - before))
         if ratio_cp >= config.min_regression:
             result.regressions.append((int(matrix.steps[idx[cp]]), ratio_cp))
-    result.culprits = _attribute_spikes(matrix, result, config)
+            result.segments.append((int(idx[bounds[i]]), int(idx[cp]),
+                                    int(idx[bounds[i + 2] - 1]) + 1))
+    if times is None:
+        times = collective_times(matrix, np.zeros((len(matrix.ranks), len(AXES)), np.int64))
+    result.culprits = attribute(matrix, result, times, config)
     return result
 
 
-def _attribute_spikes(matrix: StepMatrix, l1: L1Result, config: L1Config) -> list[SpikeCulprit]:
-    """Ranks whose own host or compute time explains each spike."""
-    if not l1.spikes:
-        return []
+def _own_parts(times: CollectiveTimes) -> dict[str, np.ndarray]:
+    """The parts of each rank's step time that are its own doing (ranks x steps each).
+
+    Host time counts only before the step's device work where the device's start is known
+    (a rank that finished early and waited on the host for the next step is not a culprit);
+    elsewhere all of wall - GPU, which cannot tell the two apart.
+    """
+    measured = np.isfinite(times.host_pre_s)
+    return {"host": np.where(measured, times.host_pre_s, times.host_s),
+            "idle": times.idle_s, "compute": times.compute_s, "communication": times.comm_s}
+
+
+def _segment_delta(values: np.ndarray, before: np.ndarray, after: np.ndarray) -> np.ndarray:
+    """Per rank: median over the ``after`` steps minus median over the ``before`` steps."""
+    return nanmedian(values[:, after], axis=1) - nanmedian(values[:, before], axis=1)
+
+
+_CAUSE = {"host": "host", "idle": "host", "compute": "compute",
+          "communication": "communication"}
+
+
+def attribute(matrix: StepMatrix, l1: L1Result, times: CollectiveTimes,
+              config: L1Config) -> list[Culprit]:
+    """Ranks whose own time explains each spike and each regression."""
+    parts = _own_parts(times)
     calm = l1.judged & ~l1.spike_mask
-    host = matrix.wall - matrix.gpu
-    compute_cols = [i for i, n in enumerate(matrix.phase_names) if not is_comm_phase(n)]
-    compute = np.nansum(matrix.phases[:, :, compute_cols], axis=2) if compute_cols else None
     culprits = []
-    host_base = nanmedian(host[:, calm], axis=1)
-    compute_base = nanmedian(compute[:, calm], axis=1) if compute is not None else None
-    for step, _ in l1.spikes:
-        col = int(np.searchsorted(matrix.steps, step))
-        excess_job = l1.iteration_s[col] - l1.baseline_s[col]
-        needed = config.attribution_share * excess_job
-        found = False
-        for cause, values, base in (("host", host, host_base), ("compute", compute, compute_base)):
-            if values is None:
-                continue
-            excess = values[:, col] - base
-            hit = np.flatnonzero(np.nan_to_num(excess) >= needed)
-            culprits += [SpikeCulprit(int(matrix.ranks[r]), step, cause, float(excess[r]))
-                         for r in hit]
-            found = found or len(hit) > 0
-            if found:
-                break
+    if l1.spikes:
+        base = {k: nanmedian(v[:, calm], axis=1) for k, v in parts.items()}
+        for step, _ in l1.spikes:
+            col = int(np.searchsorted(matrix.steps, step))
+            excess_job = l1.iteration_s[col] - l1.baseline_s[col]
+            deltas = {k: v[:, col] - base[k] for k, v in parts.items()}
+            culprits += _culprits(matrix, deltas, excess_job, config, step, "spike", None)
+    for (onset, _), (lo, cp, hi) in zip(l1.regressions, l1.segments, strict=True):
+        before = np.zeros(len(matrix.steps), dtype=bool)
+        after = np.zeros(len(matrix.steps), dtype=bool)
+        before[lo:cp] = True
+        after[cp:hi] = True
+        before &= calm
+        after &= calm
+        excess_job = float(np.median(l1.iteration_s[after]) - np.median(l1.iteration_s[before]))
+        deltas = {k: _segment_delta(v, before, after) for k, v in parts.items()}
+        measured = _segment_delta(times.host_pre_s, before, after)  # steps with kernels
+        deltas["host"] = np.where(np.isfinite(measured), measured, deltas["host"])
+        culprits += _culprits(matrix, deltas, excess_job, config, onset, "regression",
+                              int(matrix.steps[hi - 1]))
     return culprits
+
+
+def _culprits(matrix: StepMatrix, deltas: dict[str, np.ndarray], excess_job: float,
+              config: L1Config, step: int, event: str, last: int | None) -> list[Culprit]:
+    """Ranks whose rise in one part of their own time stands out from the other ranks'."""
+    if not excess_job > 0 or len(matrix.ranks) < 2:
+        return []
+    needed = config.attribution_share * excess_job
+    stand_out = {}
+    for part, delta in deltas.items():
+        delta = np.nan_to_num(delta)
+        others = delta[::-1] if len(delta) == 2 else np.median(delta)
+        stand_out[part] = delta - others
+    names = list(stand_out)
+    table = np.stack([stand_out[n] for n in names])  # parts x ranks
+    best = np.argmax(table, axis=0)
+    # One event, one cause: ranks whose rise is a consequence of the top culprit's (host
+    # slack after finishing early, waiting folded into their own parts) rise less.
+    top_cause = _CAUSE[names[int(np.argmax(table.max(axis=1)))]]
+    out = []
+    for r in np.flatnonzero(table.max(axis=0) >= needed).tolist():
+        part = names[best[r]]
+        if _CAUSE[part] != top_cause:
+            continue
+        out.append(Culprit(int(matrix.ranks[r]), step, _CAUSE[part],
+                           float(np.nan_to_num(deltas[part][r])), event, last))
+    return out

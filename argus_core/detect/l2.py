@@ -1,44 +1,78 @@
 """L2: straggler rank and phase, parallelism-aware (paper section 6, case studies 1, 3, 5).
 
-Ranks are only compared with the peers of their X-group on each axis X (ranks equal on every
-other coordinate): they do the same work in lock-step. Per rank and phase the statistic is the
-median phase time over the steady steps (no warm-up, no spikes, after the last regression).
+Ranks are compared only with the peers of their X-group on each axis X (ranks equal on every
+other coordinate: they do the same work in lock-step). Along the pp axis only stages doing
+alike work are compared (``stage_class``: real first and last stages also embed and compute
+the loss). Collective phases are judged by their transfer time, i.e. with the waiting for a
+late arriver removed (``argus_core.detect.arrival``): a long collective is the link only when
+nobody arrived late.
 
-- Compute phases: a rank is a straggler when its time is at least ``min_ratio`` times the
-  median of its other group members and its robust z (median/MAD, which has no small-sample
-  ceiling) exceeds ``z_threshold``.
-- Communication phases (``{axis}-...``) are analysed on their own axis. Inside a collective,
-  early ranks wait for the last one, so a long collective on one rank is waiting, not a slow
-  link: its wait is its time minus the group's shortest. Ranks that mostly wait are
-  ``waiters`` (they are victims and their collective kernels are excused at L3); the rank with
-  the shortest time in a group whose members wait is ``late`` (evidence that the cause is on
-  its side, case 5). A slow link shows instead as a whole group whose shortest collective is
-  long compared with the other groups on that axis.
+Exactly what a rank is flagged on (the recording rules reproduce this):
+
+1. Per judged step t (after warm-up, not an L1 spike), rank r and phase p:
+   ``x = ln(time) - ln(median time of r's X-group at t)``; groups of two use the partner's
+   time instead of the median. Times below 1 us count as 1 us.
+2. Per rank and phase: ``s = median of x`` over the judged steps, or over the steps from the
+   rank's own onset on when x shifts upwards significantly (a CUSUM split, in units of the
+   series' step-to-step noise, never below the median noise of the series compared with it,
+   that exceeds the family-wise z for every series and split point): a straggler that starts
+   late is judged on its slow steps, whatever L1 saw.
+3. Spread: ``sigma = max(1.4826 * MAD(s), sqrt(scale_floor^2 + se^2))``. The MAD is pooled
+   over every rank compared on this axis and phase (the healthy majority calibrates it; used
+   from ``min_pool`` ranks on, pairs and groups pooled separately); ``se`` is the standard
+   error of the rank's own median (1.2533 x the step-to-step noise of x / sqrt(steps), the
+   noise widened by Student's t for steps - 1 degrees of freedom at the family-wise level,
+   since it is estimated from those few steps), and ``scale_floor`` the rank-to-rank spread
+   assumed when too few ranks show it (counted twice for a pair: two ranks differ).
+4. Flag when ``exp(s) >= min_ratio`` and ``s / sigma >= z_family``, where
+   ``z_family = max(z_threshold, Phi^-1(1 - alpha / N))`` and N is the number of statistics
+   judged in the job (every rank x phase x axis, plus every group below): Bonferroni, so the
+   expected number of falsely flagged ranks per job stays below ``alpha`` whatever the job's
+   size. (A single "step" of per-rank medians, as a metrics snapshot gives, has no step noise
+   of its own: its spread is the pooled MAD and ``scale_floor`` only.)
+   A rank of a pair must also be confirmed by its partner waiting for it: the partner's slack
+   (waiting in collectives plus time in no phase) exceeds the rank's by at least half of the
+   rank's excess in the phase. Otherwise either member could be the odd one.
+5. Whole groups (a slow link shared by the group): per collective phase, the group's median
+   log transfer time per step minus the median over the axis's groups; same median over
+   steps, pooled MAD, floor, ratio and z_family. Every member gets the finding.
+
+Waiters (at least ``waiter_share`` of their collective spent waiting, median over steps) and
+the late ranks they wait for are reported as roles: the evidence that a slow compute phase,
+not the network, is the cause (case 5).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from argus_core.detect.arrival import CollectiveTimes, collective_times
 from argus_core.detect.steps import StepMatrix
 from argus_core.schema import AXES
-from argus_core.stats.robust import mad_sigma, median_of_others, nanmedian, robust_z
+from argus_core.stats.changepoint import row_noise, upward_shifts
+from argus_core.stats.grouping import dense_ids
+from argus_core.stats.robust import family_z, mad_sigma, nanmedian, t_widening
 from argus_core.taxonomy import is_comm_phase, phase_axis
 from argus_core.topology import axis_groups
+
+MIN_SECONDS = 1e-6  # phase times below 1 us are measurement noise
 
 
 @dataclass(frozen=True)
 class L2Config:
-    """Thresholds of the phase comparison."""
+    """Thresholds of the phase comparison (defaults are the documented ones)."""
 
-    min_ratio: float = 1.25  # at least 25% slower than the group's other members
-    z_threshold: float = 4.0  # robust z (median / MAD scale)
-    min_group: int = 3  # an outlier needs at least two others to stand out from
-    scale_floor: float = 0.02  # MAD scale never below 2% of the median (identical peers)
+    min_ratio: float = 1.1  # at least 10% slower than the group's median
+    alpha: float = 0.002  # expected falsely flagged statistics per job (family-wise)
+    z_threshold: float = 4.0  # never flag below this z; z_family is higher in larger jobs
+    scale_floor: float = 0.02  # rank-to-rank spread of ln(time) assumed at least 2%
     waiter_share: float = 0.5  # a waiter spends at least half its collective waiting
-    pair_ratio: float = 1.5  # groups of two: this much slower than the partner, who waits
+    min_pool: int = 8  # statistics needed before their pooled MAD is trusted
+    onset_min_steps: int = 3  # steps on each side of a per-rank onset
+    compare_unlike_stages: bool = False  # pp axis: compare stages whose work differs
 
 
 @dataclass(frozen=True)
@@ -51,6 +85,7 @@ class PhaseFinding:
     ratio: float
     z: float
     kind: str  # compute or communication
+    onset: int | None = None  # first step of the slowdown when it started mid-run
 
 
 @dataclass(frozen=True)
@@ -60,7 +95,7 @@ class CollectiveRole:
     rank: int
     phase: str
     role: str  # waiter or late
-    share: float  # waiter: share of the collective spent waiting; late: time / peers' median
+    share: float  # waiter: share of the collective spent waiting; late: time / waiters' median
     peers: tuple[int, ...]  # waiter: the late ranks it waits for; late: the ranks waiting
 
 
@@ -73,6 +108,8 @@ class L2Result:
     values: np.ndarray | None = None  # (ranks x phases) steady medians
     ratios: np.ndarray | None = None  # (ranks x phases) vs group peers, max over axes
     wait_s: dict[int, float] = field(default_factory=dict)  # per rank: waiting per step
+    tests: int = 0  # statistics judged (the family-wise correction's N)
+    z_family: float = float("nan")
 
 
 def _groups_by_size(gid: np.ndarray) -> list[np.ndarray]:
@@ -87,140 +124,227 @@ def _groups_by_size(gid: np.ndarray) -> list[np.ndarray]:
     return out
 
 
+@dataclass
+class _Stats:
+    """Statistics of one comparison (one axis, one kind), one row per (rank, phase) tested."""
+
+    axis: str
+    kind: str
+    rank: np.ndarray  # matrix row of the rank
+    col: np.ndarray  # phase column
+    s: np.ndarray  # median log ratio
+    sigma: np.ndarray  # pooled spread
+    onset: np.ndarray  # onset step, -1 for none
+    confirmed: np.ndarray  # pairs: the partner waits for it; others: True
+    tests: int = 0  # independent statistics (a group's counts once, not per member)
+
+    def __post_init__(self) -> None:
+        if not self.tests:
+            self.tests = int(np.isfinite(self.s).sum())
+
+
 def detect_l2(matrix: StepMatrix, coords: np.ndarray, steady: np.ndarray,
-              config: L2Config | None = None) -> L2Result:
-    """Compare every rank's phases with its X-group peers on every axis of size > 1."""
+              config: L2Config | None = None, times: CollectiveTimes | None = None,
+              stage_class: np.ndarray | None = None) -> L2Result:
+    """Compare every rank's phases with its X-group peers on every axis of size > 1.
+
+    ``steady`` marks the judged steps; ``stage_class[r]`` (optional) says which pipeline
+    stages do alike work: ranks of different classes are not compared along pp.
+    """
     config = config or L2Config()
-    values = nanmedian(matrix.phases[:, steady, :], axis=1)  # ranks x phases
+    times = times if times is not None else collective_times(matrix, coords)
     names = matrix.phase_names
-    compute = np.array([not is_comm_phase(n) for n in names], dtype=bool)
-    best: dict[tuple[int, str], PhaseFinding] = {}
-    ratios = np.full(values.shape, np.nan)
-    roles: list[CollectiveRole] = []
-    wait = np.zeros(len(matrix.ranks))
-    for a, axis in enumerate(AXES):
-        if len(np.unique(coords[:, a])) < 2:
-            continue
+    comm = np.array([is_comm_phase(n) for n in names], dtype=bool)
+    result = L2Result(values=nanmedian(matrix.phases[:, steady, :], axis=1),
+                      ratios=np.full((len(matrix.ranks), len(names)), np.nan))
+    if not steady.any() or len(matrix.ranks) < 2:
+        return result
+    log_t = np.log(np.maximum(times.transfer[:, steady, :], MIN_SECONDS))  # NaN stays NaN
+    slack = times.slack_s[:, steady]
+    active = [a for i, a in enumerate(AXES) if len(np.unique(coords[:, i])) > 1]
+    n_series = max(len(matrix.ranks) * len(names) * len(active), 1)
+    onset_z = family_z(n_series * int(steady.sum()), config.alpha)
+    p_family = config.alpha / n_series
+    stats: list[_Stats] = []
+    for axis in active:
         gid = axis_groups(coords, axis)
-        comm_cols = [i for i, n in enumerate(names) if phase_axis(n) == axis]
-        for members in _groups_by_size(gid):
-            vals = values[members]  # groups x size x phases
-            axis_roles = []
-            for col in comm_cols:
-                axis_roles += _collective_roles(matrix.ranks, members, vals[:, :, col],
-                                                names[col], config)
-                wait[members] += _mean_wait(matrix.phases[:, steady, col][members])
-            roles += axis_roles
-            if members.shape[1] >= config.min_group:
-                _compare_compute(matrix, members, vals, compute, axis, config, best, ratios)
-            elif members.shape[1] == 2:
-                late = {r.rank for r in axis_roles if r.role == "late"}
-                _compare_pairs(matrix, members, vals, compute, axis, config, best, late)
-        for col in (i for i, n in enumerate(names) if phase_axis(n) == axis):
-            _compare_links(matrix.ranks, gid, values[:, col], names[col], axis, config, best)
-    findings = sorted(best.values(), key=lambda f: (f.rank, -f.z))
-    wait_s = {int(r): float(w) for r, w in zip(matrix.ranks, wait, strict=True)}
-    return L2Result(findings, roles, values, ratios, wait_s)
-
-
-def _compare_compute(matrix: StepMatrix, members: np.ndarray, vals: np.ndarray,
-                     compute: np.ndarray, axis: str, config: L2Config,
-                     best: dict[tuple[int, str], PhaseFinding], ratios: np.ndarray) -> None:
-    """Flag compute phases far above the other members of the same group."""
-    moved = np.moveaxis(vals, 1, -1)  # groups x phases x size
-    others = np.moveaxis(median_of_others(moved), -1, 1)
-    scale = np.maximum(mad_sigma(moved, axis=-1), config.scale_floor * nanmedian(moved, -1))
-    with np.errstate(all="ignore"):
-        ratio = vals / others
-        z = robust_z(vals, others, scale[:, None, :])
-    flat = members.ravel()
-    ratios[flat] = np.fmax(ratios[flat], ratio.reshape(len(flat), -1))
-    hit = (ratio >= config.min_ratio) & (z >= config.z_threshold) & compute[None, None, :]
-    for g, i, p in zip(*np.nonzero(hit), strict=True):
-        finding = PhaseFinding(int(matrix.ranks[members[g, i]]), matrix.phase_names[p], axis,
-                               float(ratio[g, i, p]), float(min(z[g, i, p], 1e6)), "compute")
-        key = (finding.rank, finding.phase)
-        if key not in best or best[key].z < finding.z:
-            best[key] = finding
-
-
-def _compare_pairs(matrix: StepMatrix, members: np.ndarray, vals: np.ndarray,
-                   compute: np.ndarray, axis: str, config: L2Config,
-                   best: dict[tuple[int, str], PhaseFinding], late: set[int]) -> None:
-    """Groups of two: no spread to estimate, so the collective decides which one is slow.
-
-    A rank is flagged when a compute phase is at least ``pair_ratio`` times its partner's
-    and the partner waits for it in a collective of this axis. Without that confirmation a
-    pair is left alone: either member could be the odd one. ``z`` is reported in units of the
-    scale floor (2% of the partner's time), as for identical peers in larger groups.
-    """
-    with np.errstate(all="ignore"):
-        ratio = vals / vals[:, ::-1, :]
-    hit = (ratio >= config.pair_ratio) & compute[None, None, :]
-    for g, i, p in zip(*np.nonzero(hit), strict=True):
-        rank = int(matrix.ranks[members[g, i]])
-        if rank not in late:
-            continue
-        z = (ratio[g, i, p] - 1) / config.scale_floor
-        finding = PhaseFinding(rank, matrix.phase_names[p], axis, float(ratio[g, i, p]),
-                               float(min(z, 1e6)), "compute")
-        key = (rank, finding.phase)
-        if key not in best or best[key].z < finding.z:
-            best[key] = finding
-
-
-def _mean_wait(times: np.ndarray) -> np.ndarray:
-    """Mean per-step waiting of each member: its time minus the group's shortest that step.
-
-    ``times`` is (groups x size x steps); the result is (groups x size) seconds per step. The
-    mean (not the median) matches what a collective kernel's W1 excess adds up to.
-    """
-    shortest = np.nanmin(np.where(np.isnan(times), np.inf, times), axis=1, keepdims=True)
-    with np.errstate(invalid="ignore"):
-        wait = np.nan_to_num(times - shortest, posinf=0.0)
-    return wait.mean(axis=-1) if times.shape[-1] else np.zeros(times.shape[:2])
-
-
-def _collective_roles(ranks: np.ndarray, members: np.ndarray, times: np.ndarray, phase: str,
-                      config: L2Config) -> list[CollectiveRole]:
-    """Waiters and late arrivers of one collective phase, group by group."""
-    roles = []
-    shortest = np.nanmin(times, axis=1, initial=np.inf, where=~np.isnan(times))
-    with np.errstate(all="ignore"):
-        share = (times - shortest[:, None]) / times
-    waiting = np.nan_to_num(share) >= config.waiter_share
-    for g in np.flatnonzero(waiting.any(axis=1)):
-        late = np.flatnonzero(~waiting[g])
-        late_ranks = tuple(int(ranks[members[g, i]]) for i in late)
-        waiter_ranks = tuple(int(ranks[members[g, i]]) for i in np.flatnonzero(waiting[g]))
-        peers_median = float(np.nanmedian(times[g][waiting[g]]))
-        for i in np.flatnonzero(waiting[g]):
-            roles.append(CollectiveRole(int(ranks[members[g, i]]), phase, "waiter",
-                                        float(share[g, i]), late_ranks))
-        for i in late:
-            roles.append(CollectiveRole(int(ranks[members[g, i]]), phase, "late",
-                                        float(times[g, i] / peers_median), waiter_ranks))
-    return roles
-
-
-def _compare_links(ranks: np.ndarray, gid: np.ndarray, times: np.ndarray, phase: str, axis: str,
-                   config: L2Config, best: dict[tuple[int, str], PhaseFinding]) -> None:
-    """Flag whole X-groups whose collective is slow even for its last-arriving member."""
-    n_groups = int(gid.max()) + 1
-    if n_groups < config.min_group:
-        return
-    shortest = np.full(n_groups, np.inf)
-    np.minimum.at(shortest, gid, np.where(np.isnan(times), np.inf, times))
-    shortest[np.isinf(shortest)] = np.nan
-    others = median_of_others(shortest[None, :])[0]
-    scale = max(float(mad_sigma(shortest)), config.scale_floor * float(np.nanmedian(shortest)))
-    with np.errstate(all="ignore"):
-        ratio = shortest / others
-        z = robust_z(shortest, others, np.full(n_groups, scale))
-    for g in np.flatnonzero((ratio >= config.min_ratio) & (z >= config.z_threshold)):
-        for r in np.flatnonzero(gid == g):
-            finding = PhaseFinding(int(ranks[r]), phase, axis, float(ratio[g]),
-                                   float(min(z[g], 1e6)), "communication")
-            key = (finding.rank, phase)
+        if axis == "pp" and stage_class is not None and not config.compare_unlike_stages:
+            gid, _ = dense_ids(gid, np.asarray(stage_class, dtype=np.int64))
+        compute_cols = np.flatnonzero(~comm)
+        own_cols = np.array([i for i, n in enumerate(names) if phase_axis(n) == axis],
+                            dtype=np.int64)
+        if len(compute_cols):
+            stats += _rank_stats(log_t, slack, matrix, gid, compute_cols, axis, "compute",
+                                 config, onset_z, p_family)
+        if len(own_cols):
+            stats += _rank_stats(log_t, slack, matrix, gid, own_cols, axis, "communication",
+                                 config, onset_z, p_family, pairs=False)
+            stats += _group_stats(log_t, axis_groups(coords, axis), own_cols, axis, config,
+                                  onset_z, p_family)
+    tests = sum(st.tests for st in stats)
+    z_family = max(config.z_threshold, family_z(tests, config.alpha))
+    result.tests, result.z_family = tests, z_family
+    judged_steps = matrix.steps[steady]
+    best: dict[tuple[int, str], PhaseFinding] = {}
+    for st in stats:
+        with np.errstate(all="ignore"):
+            z = st.s / st.sigma
+            ratio = np.exp(st.s)
+        if st.kind != "link":
+            np.fmax.at(result.ratios, (st.rank, st.col), ratio)
+        hit = (ratio >= config.min_ratio) & (z >= z_family) & st.confirmed
+        for i in np.flatnonzero(hit):
+            onset = int(judged_steps[st.onset[i]]) if st.onset[i] >= 0 else None
+            finding = PhaseFinding(int(matrix.ranks[st.rank[i]]), names[st.col[i]], st.axis,
+                                   float(ratio[i]), float(min(z[i], 1e6)),
+                                   "communication" if st.kind == "link" else st.kind, onset)
+            key = (finding.rank, finding.phase)
             if key not in best or best[key].z < finding.z:
                 best[key] = finding
+    result.findings = sorted(best.values(), key=lambda f: (f.rank, -f.z))
+    result.roles = _roles(matrix, coords, times, steady, config)
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a rank without steady steps
+        waits = np.nanmean(np.where(np.isnan(matrix.wall[:, steady]), np.nan,
+                                    times.wait_s[:, steady]), axis=1)
+    result.wait_s = {int(r): float(np.nan_to_num(w)) for r, w in
+                     zip(matrix.ranks, waits, strict=True)}
+    return result
+
+
+def _series_stats(x: np.ndarray, config: L2Config, onset_z: float, p_family: float,
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(median of each row, onset index or -1, own floor of the spread) for (rows x steps)
+    log ratios with NaN. The floor is sqrt(scale_floor^2 + se^2), se the standard error of
+    the row's median from its step-to-step noise."""
+    valid = ~np.isnan(x)
+    median = nanmedian(x, axis=1)
+    filled = np.where(valid, x, np.nan_to_num(median)[:, None])
+    noise = row_noise(filled, floor=config.scale_floor / 4)
+    if len(noise) >= config.min_pool:  # a few steps misjudge one row's noise: pool them
+        noise = np.maximum(noise, np.median(noise))
+    onset, stat = upward_shifts(filled, config.onset_min_steps, noise)
+    shifted = stat >= onset_z
+    later = np.arange(x.shape[1])[None, :] >= np.where(shifted, onset, 0)[:, None]
+    used = np.maximum((later & valid).sum(axis=1), 2)
+    if x.shape[1] >= 3:  # the noise comes from the series itself: widen it by Student's t
+        se = 1.2533 * noise * t_widening(used - 1, p_family) / np.sqrt(used)
+    else:  # one or two values (a snapshot of medians): no step-to-step noise to read
+        se = np.zeros(len(x))
+    floor = np.sqrt(config.scale_floor ** 2 + se ** 2)
+    if not shifted.any():
+        return median, np.full(len(x), -1), floor
+    after = nanmedian(np.where(later & valid, x, np.nan), axis=1)
+    shifted &= np.isfinite(after)
+    return np.where(shifted, after, median), np.where(shifted, onset, -1), floor
+
+
+def _pooled_sigma(s: np.ndarray, config: L2Config) -> float:
+    """Normal-consistent MAD of the statistics around their median (0 when too few)."""
+    finite = s[np.isfinite(s)]
+    if len(finite) < config.min_pool:
+        return 0.0
+    return float(mad_sigma(finite))
+
+
+def _rank_stats(log_t: np.ndarray, slack: np.ndarray, matrix: StepMatrix, gid: np.ndarray,
+                cols: np.ndarray, axis: str, kind: str, config: L2Config, onset_z: float,
+                p_family: float, pairs: bool = True) -> list[_Stats]:
+    """Every member of every group against its group's median (or its partner), per phase."""
+    out = []
+    pooled: dict[bool, list[_Stats]] = {False: [], True: []}
+    for members in _groups_by_size(gid):
+        size = members.shape[1]
+        if size < 2 or (size == 2 and not pairs):
+            continue
+        v = log_t[members][..., cols]  # groups x size x steps x cols
+        ref = v[:, ::-1] if size == 2 else nanmedian(v, axis=1)[:, None]
+        x = np.moveaxis(v - ref, 3, 2).reshape(-1, v.shape[2])  # (group, member, col) x steps
+        s, onset, floor = _series_stats(x, config, onset_z, p_family)
+        if size == 2:  # against the partner: two ranks' spreads
+            floor = np.sqrt(floor ** 2 + config.scale_floor ** 2)
+        rank = np.repeat(members.ravel(), len(cols))
+        col = np.tile(cols, members.size)
+        confirmed = np.ones(len(s), dtype=bool)
+        if size == 2:
+            confirmed = _partner_waits(matrix, members, cols, slack, log_t)
+        stats = _Stats(axis, kind, rank, col, s, floor, onset, confirmed)
+        pooled[size == 2].append(stats)
+        out.append(stats)
+    for group in pooled.values():
+        for c in cols.tolist():
+            s_all = np.concatenate([st.s[st.col == c] for st in group]) if group else np.zeros(0)
+            sigma = _pooled_sigma(s_all, config)
+            for st in group:
+                mine = st.col == c
+                st.sigma[mine] = np.maximum(st.sigma[mine], sigma)
+    return out
+
+
+def _partner_waits(matrix: StepMatrix, members: np.ndarray, cols: np.ndarray,
+                   slack: np.ndarray, log_t: np.ndarray) -> np.ndarray:
+    """Pairs: whether each (member, phase)'s partner waits for it (flattened like x's rows).
+
+    The partner's slack must exceed the member's by half of the member's excess in the phase
+    (medians over the judged steps).
+    """
+    t = np.exp(log_t[members][..., cols])  # pairs x 2 x steps x cols
+    excess = nanmedian(t - t[:, ::-1], axis=2)  # pairs x 2 x cols
+    s = slack[members]  # pairs x 2 x steps
+    partner_extra = nanmedian(s[:, ::-1] - s, axis=2)  # pairs x 2
+    ok = partner_extra[:, :, None] >= 0.5 * excess
+    return ok.reshape(-1)
+
+
+def _group_stats(log_t: np.ndarray, gid: np.ndarray, cols: np.ndarray, axis: str,
+                 config: L2Config, onset_z: float, p_family: float) -> list[_Stats]:
+    """Whole groups whose collective transfer is slow against the axis's other groups."""
+    n_groups = int(gid.max()) + 1
+    if n_groups < 3:
+        return []
+    out = []
+    for c in cols.tolist():
+        per_group = np.full((n_groups, log_t.shape[1]), np.nan)
+        for members in _groups_by_size(gid):
+            per_group[gid[members[:, 0]]] = nanmedian(log_t[members][..., c], axis=1)
+        y = per_group - nanmedian(per_group, axis=0)[None, :]
+        s, onset, floor = _series_stats(y, config, onset_z, p_family)
+        sigma = np.maximum(floor, _pooled_sigma(s, config))
+        # One statistic per group, expanded to its members for the findings.
+        rank = np.argsort(gid, kind="stable")
+        g = gid[rank]
+        out.append(_Stats(axis, "link", rank, np.full(len(rank), c), s[g], sigma[g], onset[g],
+                          np.ones(len(rank), dtype=bool), tests=int(np.isfinite(s).sum())))
+    return out
+
+
+def _roles(matrix: StepMatrix, coords: np.ndarray, times: CollectiveTimes, steady: np.ndarray,
+           config: L2Config) -> list[CollectiveRole]:
+    """Waiters and the late arrivers they wait for, per collective phase and group."""
+    roles = []
+    for col, name in enumerate(matrix.phase_names):
+        axis = phase_axis(name)
+        if axis is None or axis not in AXES:
+            continue
+        gid = axis_groups(coords, axis)
+        time = matrix.phases[:, steady, col]
+        with np.errstate(all="ignore"):
+            share = nanmedian(times.wait[:, steady, col] / time, axis=1)
+        median_time = nanmedian(time, axis=1)
+        for members in _groups_by_size(gid):
+            if members.shape[1] < 2:
+                continue
+            waiting = np.nan_to_num(share[members]) >= config.waiter_share
+            for g in np.flatnonzero(waiting.any(axis=1) & ~waiting.all(axis=1)):
+                row = members[g]
+                late = row[~waiting[g]]
+                waiters = row[waiting[g]]
+                late_ranks = tuple(int(matrix.ranks[i]) for i in late)
+                waiter_ranks = tuple(int(matrix.ranks[i]) for i in waiters)
+                waiters_time = float(np.nanmedian(median_time[waiters]))
+                roles += [CollectiveRole(int(matrix.ranks[i]), name, "waiter", float(share[i]),
+                                         late_ranks) for i in waiters]
+                roles += [CollectiveRole(int(matrix.ranks[i]), name, "late",
+                                         float(median_time[i] / waiters_time), waiter_ranks)
+                          for i in late]
+    return roles

@@ -2,9 +2,10 @@
 
 Compute wins over communication: a rank with slow compute also shows odd collectives (short,
 because it arrives last), and its peers' long collectives are waiting (case 5). A rank is
-"communication" when only its collectives are slow and it is not merely waiting. "host" comes
-from L1 spikes whose excess sits in the rank's host time (wall - GPU) while its GPU time stayed
-flat (case 4).
+"communication" when only its collectives' transfer time is slow (waiting removed). Ranks L1
+attributes a spike or a regression to get a verdict even when L2 and L3 saw nothing: "host"
+when the excess sits in their host time (wall - GPU) or device idle time while their GPU work
+stayed flat (case 4, and a sustained host stall), else the part of their own time that rose.
 """
 
 from __future__ import annotations
@@ -49,26 +50,28 @@ def build_verdicts(l1: L1Result, l2: L2Result, l3: list[KernelFinding],
     for role in l2.roles:
         if role.role == "late":
             late[role.rank].append(role)
-    spikes = defaultdict(list)
+    culprits = defaultdict(list)
     for culprit in l1.culprits:
-        spikes[culprit.rank].append(culprit)
-    onset = f" since step {l1.regressions[-1][0]}" if l1.regressions else ""
+        culprits[culprit.rank].append(culprit)
+    job_onset = f" since step {l1.regressions[-1][0]}" if l1.regressions else ""
 
     verdicts = []
-    for rank in sorted(set(l2_by_rank) | set(l3_by_rank) | set(spikes)):
+    for rank in sorted(set(l2_by_rank) | set(l3_by_rank) | set(culprits)):
         phases = [f for f in l2_by_rank[rank] if f.kind == "compute"]
         links = [f for f in l2_by_rank[rank] if f.kind == "communication"]
         kernels = [f for f in l3_by_rank[rank] if not f.comm]
         collectives = [f for f in l3_by_rank[rank] if f.comm]
+        own_onsets = [f.onset for f in phases if f.onset is not None]
+        onset = f" since step {min(own_onsets)}" if own_onsets else job_onset
         if phases or kernels:
             verdicts.append(Verdict(rank, "compute", _compute_evidence(
                 phases, kernels, late[rank], onset)))
         elif links or collectives:
             verdicts.append(Verdict(rank, "communication", _link_evidence(
                 rank, links, collectives, l3)))
-        elif spikes[rank]:
-            verdicts.append(Verdict(rank, spikes[rank][0].cause, _spike_evidence(
-                rank, spikes[rank], l1, stacks or [], step_starts)))
+        elif culprits[rank]:
+            verdicts.append(Verdict(rank, culprits[rank][0].cause, _culprit_evidence(
+                rank, culprits[rank], l1, stacks or [], step_starts)))
     return verdicts
 
 
@@ -101,19 +104,36 @@ def _link_evidence(rank: int, links, collectives, all_l3: list[KernelFinding]) -
     return text + ": compute is normal, so suspect the link, NIC or switch these ranks share"
 
 
-def _spike_evidence(rank: int, culprits, l1: L1Result, stacks: list[StackRecord],
-                    step_starts: np.ndarray | None) -> str:
-    steps = ", ".join(str(c.step) for c in culprits)
-    extra = max(c.excess_s for c in culprits)
-    if culprits[0].cause == "host":
-        text = (f"steps {steps}: host time (wall - GPU) up to +{extra:.2f} s while its GPU "
-                f"time stayed flat; the other ranks' collectives waited for it")
+def _culprit_evidence(rank: int, culprits, l1: L1Result, stacks: list[StackRecord],
+                      step_starts: np.ndarray | None) -> str:
+    """What rose on the rank, when, and by how much; its host stack when one was sampled."""
+    parts, steps = [], []
+    for c in culprits:
+        if c.event == "regression":
+            until = f" to {c.last_step}" if c.last_step is not None else " on"
+            when = f"from step {c.step}{until}"
+            steps += [c.step]
+        else:
+            when = f"at step {c.step}"
+            steps.append(c.step)
+        parts.append(f"{when}: {_WHAT[c.cause]} +{c.excess_s:.3g} s per step")
+    text = "; ".join(parts)
+    cause = culprits[0].cause
+    if cause == "host":
+        text += ("; its GPU time stayed flat (wall time up, compute and collectives "
+                 "unchanged): the other ranks waited for it")
+    elif cause == "compute":
+        text += " on this rank only; the other ranks waited for it"
     else:
-        text = f"steps {steps}: compute time up to +{extra:.2f} s on this rank only"
-    frame = _stack_during(rank, [c.step for c in culprits], l1, stacks, step_starts)
+        text += " on this rank only (waiting removed)"
+    frame = _stack_during(rank, steps, l1, stacks, step_starts)
     if frame:
-        text += f"; its host stack during the spike ends in {frame}"
+        text += f"; its host stack then ends in {frame}"
     return text
+
+
+_WHAT = {"host": "host time (wall - GPU, and device idle)", "compute": "compute time",
+         "communication": "collective transfer time"}
 
 
 def _stack_during(rank: int, steps: list[int], l1: L1Result, stacks: list[StackRecord],

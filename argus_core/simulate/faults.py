@@ -2,7 +2,14 @@
 
     compute:ranks=5:phases=attention*25,mlp*20:from=15     slow kernels of some phases
     link:ranks=4-7:axis=tp:factor=8:ops=AllGather*12:from=0  slow collectives on one axis
-    stall:ranks=3:steps=12,27:seconds=2.5                 host-side stalls before a step
+    link:ranks=5:axis=tp:factor=3:from=0:local=1           only these ranks' collective kernels
+    stall:ranks=3:steps=12,27:seconds=2.5                 host-side stalls before some steps
+    stall:ranks=1:from=8:seconds=0.12:before=dp           a stall before the dp all-reduce of
+                                                            every step from step 8 on
+
+A ``link`` fault slows every member of the affected collective groups (a collective runs at
+its slowest link); with ``local=1`` only the named ranks' collective kernels take longer (an
+asymmetric transfer: nobody arrives late, yet some members' collectives are long).
 """
 
 from __future__ import annotations
@@ -20,13 +27,17 @@ class Fault:
     axis: str = ""  # link: the axis whose collectives slow down
     factor: float = 1.0  # link: transfer-time multiplier
     ops: dict[str, float] = field(default_factory=dict)  # link: per-kernel-name overrides
-    start: int = 0  # first affected step (compute, link)
+    start: int = 0  # first affected step (compute, link, sustained stall)
     end: int | None = None  # first unaffected step, None = until the end
-    steps: tuple[int, ...] = ()  # stall: the steps that stall
+    steps: tuple[int, ...] = ()  # stall: the steps that stall (none listed: every step >= start)
     seconds: float = 0.0  # stall: length of each stall
+    before: str = ""  # stall: the part of the step it delays ("" = the step's start)
+    local: bool = False  # link: only the named ranks' kernels are slower
 
     def active(self, step: int) -> bool:
-        """Whether a compute or link fault applies at ``step``."""
+        """Whether the fault applies at ``step``."""
+        if self.kind == "stall" and self.steps:
+            return step in self.steps
         return step >= self.start and (self.end is None or step < self.end)
 
     def __str__(self) -> str:
@@ -38,8 +49,10 @@ class Fault:
             ops = "".join(f":ops={','.join(f'{o}*{f:g}' for o, f in self.ops.items())}"
                           for _ in [0] if self.ops)
             return (f"link:ranks={ranks}:axis={self.axis}:factor={self.factor:g}{ops}"
-                    f":from={self.start}")
-        return f"stall:ranks={ranks}:steps={_ranges(self.steps)}:seconds={self.seconds:g}"
+                    f":from={self.start}{':local=1' if self.local else ''}")
+        when = f"steps={_ranges(self.steps)}" if self.steps else f"from={self.start}"
+        before = f":before={self.before}" if self.before else ""
+        return f"stall:ranks={ranks}:{when}:seconds={self.seconds:g}{before}"
 
 
 def _ranges(values: tuple[int, ...]) -> str:
@@ -66,6 +79,12 @@ def _ranks(text: str) -> tuple[int, ...]:
     return tuple(out)
 
 
+def _flag(text: str) -> bool:
+    if text not in ("0", "1"):
+        raise ValueError(f"local must be 0 or 1, got {text!r}")
+    return text == "1"
+
+
 def parse_fault(spec: str) -> Fault:
     """Parse the text form above; raises ValueError naming the bad part."""
     kind, *parts = spec.split(":")
@@ -79,6 +98,8 @@ def parse_fault(spec: str) -> Fault:
         fields[key] = value
     try:
         ranks = _ranks(fields.pop("ranks"))
+        if kind == "stall" and "steps" not in fields and "from" not in fields:
+            raise ValueError("a stall needs steps=N,M or from=N (every step from N on)")
         start = int(fields.pop("from", "0"))
         if kind == "compute":
             phases = {}
@@ -92,10 +113,12 @@ def parse_fault(spec: str) -> Fault:
                 op, _, factor = item.partition("*")
                 ops[op] = float(factor)
             fault = Fault("link", ranks, axis=fields.pop("axis"),
-                          factor=float(fields.pop("factor")), ops=ops, start=start)
+                          factor=float(fields.pop("factor")), ops=ops, start=start,
+                          local=_flag(fields.pop("local", "0")))
         else:
-            fault = Fault("stall", ranks, steps=_ranks(fields.pop("steps")),
-                          seconds=float(fields.pop("seconds")))
+            steps = _ranks(fields.pop("steps")) if "steps" in fields else ()
+            fault = Fault("stall", ranks, steps=steps, start=start,
+                          seconds=float(fields.pop("seconds")), before=fields.pop("before", ""))
     except KeyError as exc:
         raise ValueError(f"fault {spec!r}: missing {exc.args[0]}=") from None
     except ValueError as exc:

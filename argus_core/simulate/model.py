@@ -1,12 +1,20 @@
-"""A synthetic synchronous training job that emits schema-v1 records.
+"""A synthetic synchronous training job that emits schema-v1 records, or a columnar Trace.
 
 Each step every rank runs the same kernel sequence: attention and MLP forward, TP collectives,
 EP all-to-all, backward, PP send/recv, DP all-reduce, optimizer. Collectives are synchronous:
 a rank that arrives early waits inside the collective for the last member, so its NCCL kernel
 and its communication phase grow by the wait, as on real hardware, and the late rank's are
-short. A collective runs at the speed of the slowest link in its group. Ranks differ by a small
-persistent speed factor; kernels and steps jitter log-normally. All ranks are generated at once
-per step with numpy.
+short. A collective runs at the speed of the slowest link in its group. All ranks are
+generated at once per step with numpy.
+
+What real jobs do and the simulator can reproduce (all off by default, see ``SimConfig``):
+persistent rank-to-rank speed differences (``rank_spread``), per-rank clocks with offsets and
+per-step jitter of the host's step start, which leads the device's by a random few ms
+(``clock_offset_s``, ``clock_jitter_s``: every ``t_ns`` and ``start_ns`` of a rank is on its
+own clock), MoE-like routing jitter (expert
+kernels' executions and load vary per rank and step, ``count_jitter``), and pipeline stages
+with unequal work (the first stage embeds, the last computes the LM head and the loss,
+``unequal_stages``).
 """
 
 from __future__ import annotations
@@ -16,9 +24,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from argus_core.schema import AXES, coords_dict
+from argus_core.schema import AXES, RankRecord, StackRecord, coords_dict
 from argus_core.simulate.faults import Fault
 from argus_core.topology import Topology, axis_groups
+from argus_core.trace import KernelTable, StepTable, Trace
 
 COMPUTE_STREAM = 7
 COMM_STREAM = {"dp": 13, "tp": 14, "pp": 15, "ep": 16}
@@ -48,6 +57,17 @@ KERNELS = (
     ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "dp", 600, 1),  # one name, bimodal
     ("multi_tensor_apply_adam_kernel", "optimizer", 1500, 4),
 )
+# Extra work of the first pipeline stage (embedding) and the last (LM head and loss), with
+# ``unequal_stages``: (name, phase, microseconds, executions, stage: "first" or "last").
+STAGE_KERNELS = (
+    ("embedding_fwd_kernel", "attention", 1500, 1, "first"),
+    ("embedding_bwd_kernel", "backward", 2500, 1, "first"),
+    ("sm90_xmma_gemm_bf16_lm_head", "mlp", 4000, 2, "last"),
+    ("cross_entropy_fwd_kernel", "mlp", 800, 1, "last"),
+    ("sm90_xmma_gemm_bf16_lm_head_dgrad", "backward", 4000, 2, "last"),
+    ("cross_entropy_bwd_kernel", "backward", 800, 1, "last"),
+)
+MOE_PHASE = "mlp"  # the expert kernels whose executions and load follow the routing
 
 
 @dataclass(frozen=True)
@@ -62,22 +82,38 @@ class SimConfig:
     host_overhead_s: float = 0.004  # host time per step outside GPU work
     faults: tuple[Fault, ...] = ()
     seed: int = 0
+    clock_offset_s: float = 0.0  # sd of each rank's clock offset (t_ns and start_ns)
+    clock_jitter_s: float = 0.0  # sd of how far each host step start leads the device's
+    count_jitter: float = 0.0  # expert kernels: share dropped and log-sd of load, per step
+    unequal_stages: bool = False  # first and last pipeline stages do extra work
+    kernel_every: int = 1  # kernels recorded in 1 step of N (ARGUS_KERNEL_DUTY)
 
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.kernel_every < 1:
+            raise ValueError(f"kernel_every must be >= 1, got {self.kernel_every}")
+        for name in ("noise", "rank_spread", "clock_offset_s", "clock_jitter_s",
+                     "count_jitter", "host_overhead_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.count_jitter >= 0.5:
+            raise ValueError(f"count_jitter must be < 0.5, got {self.count_jitter}")
         world = self.topology.world_size
+        parts = [p for p in STEP_ORDER if p not in COMM_STREAM]
         for fault in self.faults:
             bad = [r for r in fault.ranks if not 0 <= r < world]
             if bad:
                 raise ValueError(f"fault {fault}: rank {bad[0]} outside world size {world}")
             if fault.kind == "link" and fault.axis not in AXES:
                 raise ValueError(f"fault {fault}: axis must be one of {', '.join(AXES)}")
-            phases = [p for p in STEP_ORDER if p not in COMM_STREAM]
-            unknown = [p for p in fault.phases if p not in phases]
+            unknown = [p for p in fault.phases if p not in parts]
             if unknown:
                 raise ValueError(f"fault {fault}: unknown phase {unknown[0]!r} "
-                                 f"(phases: {', '.join(phases)})")
+                                 f"(phases: {', '.join(parts)})")
+            if fault.kind == "stall" and fault.before and fault.before not in STEP_ORDER:
+                raise ValueError(f"fault {fault}: before must be one of "
+                                 f"{', '.join(STEP_ORDER)}")
             factors = [*fault.phases.values(), *fault.ops.values(), fault.factor]
             if fault.kind != "stall" and min(factors) <= 0:
                 raise ValueError(f"fault {fault}: slowdown factors must be > 0")
@@ -87,22 +123,27 @@ class SimConfig:
 
 @dataclass
 class _Layout:
-    """The kernel instances of one step, in execution order."""
+    """Every kernel instance a rank may run in one step, in execution order."""
 
     names: list[str]
     name: np.ndarray  # index into names, per instance
     stream: np.ndarray
     slot: np.ndarray  # index into STEP_ORDER
     base_ns: np.ndarray
+    stage: np.ndarray  # -1: every stage; 0: first stage only; 1: last stage only
 
 
-def _layout(topology: Topology) -> _Layout:
+def _layout(topology: Topology, unequal_stages: bool) -> _Layout:
+    rows = [(*k, -1) for k in KERNELS]
+    if unequal_stages and topology.pp > 1:
+        rows += [(n, p, us, c, 0 if where == "first" else 1)
+                 for n, p, us, c, where in STAGE_KERNELS]
     names: list[str] = []
-    name, stream, slot, base = [], [], [], []
+    name, stream, slot, base, stage = [], [], [], [], []
     for slot_index, part in enumerate(STEP_ORDER):
         if part in COMM_STREAM and getattr(topology, part) == 1:
             continue  # no collective on an axis of size 1
-        for kernel, where, base_us, count in KERNELS:
+        for kernel, where, base_us, count, only in rows:
             if where != part:
                 continue
             if kernel not in names:
@@ -111,63 +152,180 @@ def _layout(topology: Topology) -> _Layout:
             stream += [COMM_STREAM.get(part, COMPUTE_STREAM)] * count
             slot += [slot_index] * count
             base += [base_us * 1000.0] * count
+            stage += [only] * count
     return _Layout(names, np.array(name, dtype=np.int32), np.array(stream, dtype=np.int64),
-                   np.array(slot), np.array(base))
+                   np.array(slot), np.array(base), np.array(stage))
+
+
+@dataclass
+class StepData:
+    """One step of every rank, as arrays; kernel arrays are (ranks x instances)."""
+
+    step: int
+    t_ns: np.ndarray  # each rank's host start of the step, on its own clock
+    wall_s: np.ndarray
+    gpu_s: np.ndarray
+    phases: dict[str, np.ndarray]
+    start_ns: np.ndarray  # on each rank's own clock
+    dur_ns: np.ndarray
+    present: np.ndarray  # instance executed by the rank this step
+    stalled: np.ndarray  # per rank: a host stall happened in this step
+
+
+class _Job:
+    """The fixed parts of a simulated job: topology, layout, rank speeds and clocks."""
+
+    def __init__(self, config: SimConfig):
+        self.config = config
+        self.rng = np.random.default_rng(config.seed)
+        topo = config.topology
+        self.world = topo.world_size
+        self.coords = topo.coords()
+        self.layout = _layout(topo, config.unequal_stages)
+        self.groups = {axis: axis_groups(self.coords, axis) for axis in COMM_STREAM}
+        self.rank_speed = np.exp(self.rng.normal(0.0, config.rank_spread, self.world))
+        self.clock_offset_ns = (self.rng.normal(0.0, config.clock_offset_s, self.world)
+                                * 1e9).astype(np.int64)
+        pp = self.coords[:, AXES.index("pp")]
+        stage = self.layout.stage
+        self.present = ((stage[None, :] < 0) | ((stage[None, :] == 0) & (pp[:, None] == 0))
+                        | ((stage[None, :] == 1) & (pp[:, None] == topo.pp - 1)))
+
+    def rank_records(self) -> list[dict]:
+        """The identity record of every rank."""
+        return [{"v": 1, "kind": "rank", "job": self.config.job, "rank": rank,
+                 "world_size": self.world, "host": f"node-{rank // GPUS_PER_NODE}",
+                 "local_rank": rank % GPUS_PER_NODE, "coords": coords_dict(self.coords[rank])}
+                for rank in range(self.world)]
+
+    def steps(self) -> Iterator[StepData]:
+        """Every step of the job, in order."""
+        config, rng = self.config, self.rng
+        step_start = JOB_EPOCH_NS
+        for step in range(config.steps):
+            dur, present, phases, gpu, stall, offsets = _step(self, step)
+            end = stall + gpu
+            wall = end.max() + config.host_overhead_s * np.exp(rng.normal(0, 0.05))
+            # The host takes t_ns before it launches the step, so it can only lead the device.
+            host_lead = (np.abs(rng.normal(0.0, config.clock_jitter_s, self.world)) * 1e9
+                         ).astype(np.int64) if config.clock_jitter_s else 0
+            t_ns = step_start + self.clock_offset_ns - host_lead
+            device_start = step_start + self.clock_offset_ns + (stall * 1e9).astype(np.int64)
+            yield StepData(step, t_ns, np.round(wall + rng.normal(0, 2e-4, self.world), 6),
+                           np.round(gpu, 6), {k: np.round(v, 6) for k, v in phases.items()},
+                           device_start[:, None] + offsets, dur, present,
+                           _stalled(config, self.world, step))
+            step_start += int(wall * 1e9)
+
+
+def _stalled(config: SimConfig, world: int, step: int) -> np.ndarray:
+    out = np.zeros(world, dtype=bool)
+    for fault in config.faults:
+        if fault.kind == "stall" and fault.active(step) and fault.seconds > 0:
+            out[list(fault.ranks)] = True
+    return out
 
 
 def simulate(config: SimConfig) -> Iterator[tuple[int, dict]]:
     """Yield (rank, record) pairs: identities first, then steps, kernels and stack samples."""
-    rng = np.random.default_rng(config.seed)
-    topo = config.topology
-    world = topo.world_size
-    coords = topo.coords()
-    layout = _layout(topo)
-    groups = {axis: axis_groups(coords, axis) for axis in COMM_STREAM}
-    rank_speed = np.exp(rng.normal(0.0, config.rank_spread, world))
-    for rank in range(world):
-        yield rank, {"v": 1, "kind": "rank", "job": config.job, "rank": rank, "world_size": world,
-                     "host": f"node-{rank // GPUS_PER_NODE}", "local_rank": rank % GPUS_PER_NODE,
-                     "coords": coords_dict(coords[rank])}
-    step_start = JOB_EPOCH_NS
-    for step in range(config.steps):
-        dur, phases, gpu, stall, offsets = _step(config, layout, groups, rank_speed, step, rng)
-        end = stall + gpu
-        wall = end.max() + config.host_overhead_s * np.exp(rng.normal(0, 0.05))
-        for rank in range(world):
-            start = step_start + int(stall[rank] * 1e9)
-            yield rank, {"v": 1, "kind": "step", "job": config.job, "rank": rank, "step": step,
-                         "t_ns": step_start,
-                         "wall_s": round(float(wall + rng.normal(0, 2e-4)), 6),
-                         "gpu_s": round(float(gpu[rank]), 6),
-                         "phases": {k: round(float(v[rank]), 6) for k, v in phases.items()}}
-            yield rank, {"v": 1, "kind": "kernels", "job": config.job, "rank": rank,
-                         "names": layout.names, "name": layout.name, "stream": layout.stream,
-                         "start_ns": start + offsets[rank], "dur_ns": dur[rank]}
-            stalled = stall[rank] > 0
-            if stalled or step % 10 == 0:
-                yield rank, _stack(config.job, rank, start, stalled)
-        step_start += int(wall * 1e9)
+    job = _Job(config)
+    layout = job.layout
+    for record in job.rank_records():
+        yield record["rank"], record
+    for data in job.steps():
+        names = list(data.phases)
+        for rank in range(job.world):
+            yield rank, {"v": 1, "kind": "step", "job": config.job, "rank": rank,
+                         "step": data.step, "t_ns": int(data.t_ns[rank]),
+                         "wall_s": float(data.wall_s[rank]), "gpu_s": float(data.gpu_s[rank]),
+                         "phases": {k: float(data.phases[k][rank]) for k in names}}
+            keep = data.present[rank]
+            if data.step % config.kernel_every == 0:
+                yield rank, {"v": 1, "kind": "kernels", "job": config.job, "rank": rank,
+                             "names": layout.names, "name": layout.name[keep],
+                             "stream": layout.stream[keep],
+                             "start_ns": data.start_ns[rank][keep],
+                             "dur_ns": data.dur_ns[rank][keep]}
+            if data.stalled[rank] or data.step % 10 == 0:
+                yield rank, _stack(config.job, rank, int(data.t_ns[rank]), data.stalled[rank])
 
 
-def _step(config: SimConfig, layout: _Layout, groups: dict[str, np.ndarray],
-          rank_speed: np.ndarray, step: int, rng: np.random.Generator):
+def simulate_trace(config: SimConfig) -> Trace:
+    """The same job as ``simulate`` as a columnar Trace, built without any record objects.
+
+    Fast enough for sweeps over hundreds of jobs; equal to reading ``simulate``'s records.
+    """
+    job = _Job(config)
+    layout = job.layout
+    ranks = {r["rank"]: RankRecord(config.job, r["rank"], job.world, r["host"], r["local_rank"],
+                                   tuple(r["coords"][a] for a in AXES))
+             for r in job.rank_records()}
+    step_parts, kernel_parts, stacks = [], [], []
+    names: list[str] = []
+    for data in job.steps():
+        names = list(data.phases)
+        step_parts.append(data)
+        rank, inst = np.nonzero(data.present)
+        if data.step % config.kernel_every == 0:
+                kernel_parts.append((rank, layout.name[inst], layout.stream[inst],
+                                 data.start_ns[rank, inst], data.dur_ns[rank, inst]))
+        for r in np.flatnonzero(data.stalled | (data.step % 10 == 0)).tolist():
+            stacks.append(StackRecord(config.job, r, int(data.t_ns[r]), "MainThread",
+                                      _frames(bool(data.stalled[r]))))
+    world, n_steps = job.world, len(step_parts)
+    # Rows ordered by (rank, step), as TraceBuilder orders them.
+    steps = StepTable(
+        rank=np.repeat(np.arange(world, dtype=np.int64), n_steps),
+        step=np.tile(np.array([d.step for d in step_parts], dtype=np.int64), world),
+        t_ns=np.stack([d.t_ns for d in step_parts], axis=1).ravel().astype(np.int64),
+        wall_s=np.stack([d.wall_s for d in step_parts], axis=1).ravel(),
+        gpu_s=np.stack([d.gpu_s for d in step_parts], axis=1).ravel(),
+        phase_names=names,
+        phases=np.stack([np.stack([d.phases[n] for n in names], axis=1) for d in step_parts],
+                        axis=1).reshape(world * n_steps, len(names)))
+    empty = np.zeros(0, dtype=np.int64)
+    rank, name, stream, start, dur = (
+        (np.concatenate(c) for c in zip(*kernel_parts, strict=True)) if kernel_parts
+        else (empty,) * 5)
+    kernels = KernelTable(rank.astype(np.int64), name.astype(np.int32), stream.astype(np.int64),
+                          start.astype(np.int64), dur.astype(np.int64), list(layout.names))
+    return Trace(config.job, ranks, steps, kernels, stacks)
+
+
+def _step(job: _Job, step: int):
     """Kernel durations (ns) and phase times (s) of every rank for one step."""
-    world = len(rank_speed)
+    config, layout, rng = job.config, job.layout, job.rng
+    world = job.world
     jitter = np.exp(rng.normal(0.0, config.noise, (world, len(layout.base_ns))))
-    dur = layout.base_ns * rank_speed[:, None] * jitter * np.exp(rng.normal(0.0, 0.01))
+    dur = layout.base_ns * job.rank_speed[:, None] * jitter * np.exp(rng.normal(0.0, 0.01))
+    present = job.present.copy()
+    if config.count_jitter > 0:
+        expert = np.flatnonzero(layout.slot == STEP_ORDER.index(MOE_PHASE))
+        load = np.exp(rng.normal(0.0, config.count_jitter, world))
+        dur[:, expert] *= load[:, None]
+        present[:, expert] &= rng.random((world, len(expert))) >= config.count_jitter
     stall = np.zeros(world)
+    gap = np.zeros((world, len(STEP_ORDER)))  # host stalls inside the step: the device idles
+    local_links = []
     for fault in config.faults:
+        if not fault.active(step):
+            continue
         ranks = list(fault.ranks)
-        if fault.kind == "compute" and fault.active(step):
+        if fault.kind == "compute":
             for phase, factor in fault.phases.items():
                 cols = layout.slot == STEP_ORDER.index(phase)
                 dur[np.ix_(ranks, np.flatnonzero(cols))] *= factor
-        elif fault.kind == "link" and fault.active(step):
+        elif fault.kind == "link" and fault.local:
+            local_links.append(fault)
+        elif fault.kind == "link":
             cols = np.flatnonzero(layout.slot == STEP_ORDER.index(fault.axis))
             factor = np.array([_op_factor(fault, layout.names[layout.name[c]]) for c in cols])
             dur[np.ix_(ranks, cols)] *= factor
-        elif fault.kind == "stall" and step in fault.steps:
+        elif fault.kind == "stall" and fault.before:
+            gap[ranks, STEP_ORDER.index(fault.before)] += fault.seconds
+        elif fault.kind == "stall":
             stall[ranks] += fault.seconds
+    dur = np.where(present, dur, 0.0)
 
     phases: dict[str, np.ndarray] = {}
     clock = stall.copy()  # seconds since the step started, per rank
@@ -175,15 +333,21 @@ def _step(config: SimConfig, layout: _Layout, groups: dict[str, np.ndarray],
         cols = np.flatnonzero(layout.slot == slot_index)
         if len(cols) == 0:
             continue
+        clock = clock + gap[:, slot_index]
         if part not in COMM_STREAM:
             phases[part] = dur[:, cols].sum(axis=1) * 1e-9
             clock = clock + phases[part]
             continue
         # A collective: it starts when its last member arrives and runs at its slowest link.
-        gid = groups[part]
+        gid = job.groups[part]
         group_dur = np.zeros((gid.max() + 1, len(cols)))
         np.maximum.at(group_dur, gid, dur[:, cols])
         dur[:, cols] = group_dur[gid]
+        for fault in local_links:
+            if fault.axis == part:
+                factor = np.array([_op_factor(fault, layout.names[layout.name[c]])
+                                   for c in cols])
+                dur[np.ix_(list(fault.ranks), cols)] *= factor
         last_arrival = np.zeros(gid.max() + 1)
         np.maximum.at(last_arrival, gid, clock)
         wait = last_arrival[gid] - clock
@@ -192,8 +356,10 @@ def _step(config: SimConfig, layout: _Layout, groups: dict[str, np.ndarray],
         clock = clock + phases[COMM_PHASE[part]]
     dur = np.maximum(dur, 1.0).astype(np.int64)
     offsets = np.zeros_like(dur)
-    np.cumsum(dur[:, :-1], axis=1, out=offsets[:, 1:])
-    return dur, phases, clock - stall, stall, offsets
+    np.cumsum(np.where(present, dur, 0)[:, :-1], axis=1, out=offsets[:, 1:])
+    idle_before = np.cumsum(gap, axis=1)[:, layout.slot] if gap.any() else 0.0
+    offsets += (idle_before * 1e9).astype(np.int64) if gap.any() else 0
+    return dur, present, phases, clock - stall, stall, offsets
 
 
 def _op_factor(fault: Fault, kernel: str) -> float:
@@ -203,14 +369,15 @@ def _op_factor(fault: Fault, kernel: str) -> float:
     return fault.factor
 
 
-def _stack(job: str, rank: int, t_ns: int, stalled: bool) -> dict:
+def _frames(stalled: bool) -> list[str]:
     frames = ["train.py:<module>:212", "train.py:main:180", "train.py:train_step:96"]
     if stalled:
-        frames += ["flash_attn/cute/interface.py:_flash_attn_bwd:512",
-                   "cutlass/cute/compiler.py:compile:88",
-                   "cutlass/base_dsl/jit.py:_jit_compile:301"]
-    else:
-        frames += ["torch/_tensor.py:backward:626",
-                   "torch/autograd/graph.py:_engine_run_backward:823"]
+        return [*frames, "flash_attn/cute/interface.py:_flash_attn_bwd:512",
+                "cutlass/cute/compiler.py:compile:88", "cutlass/base_dsl/jit.py:_jit_compile:301"]
+    return [*frames, "torch/_tensor.py:backward:626",
+            "torch/autograd/graph.py:_engine_run_backward:823"]
+
+
+def _stack(job: str, rank: int, t_ns: int, stalled: bool) -> dict:
     return {"v": 1, "kind": "stack", "job": job, "rank": rank, "t_ns": t_ns,
-            "thread": "MainThread", "frames": frames}
+            "thread": "MainThread", "frames": _frames(bool(stalled))}

@@ -46,3 +46,48 @@ def change_points(y: np.ndarray, threshold: float, min_segment: int, min_shift: 
             found.append(split)
             pending += [(lo, split), (split, hi)]
     return sorted(found)
+
+
+_ONSET_CHUNK_CELLS = 2_000_000  # series x split points evaluated at once
+
+
+def row_noise(y: np.ndarray, floor: float = 0.0) -> np.ndarray:
+    """Step-to-step noise (standard deviation) of every row of a (rows x n) array without NaN.
+
+    The RMS of first differences / sqrt 2, leaving out the largest one: a level shift moves
+    only one difference, while occasional large steps (MoE drops, stalls) are noise a shift
+    test must not mistake for a change. Vectorised; never below ``floor``.
+    """
+    if y.shape[1] < 3:
+        return np.full(len(y), floor)
+    diffs = np.sort(np.abs(np.diff(y, axis=1)), axis=1)[:, :-1]
+    return np.maximum(np.sqrt(np.mean(diffs ** 2, axis=1) / 2), floor)
+
+
+def upward_shifts(y: np.ndarray, min_segment: int, sigma: np.ndarray,
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Most likely onset of an upward mean shift in every row of a (rows x n) array.
+
+    Returns, per row, the first index of the later segment (-1 when the row is too short)
+    and the CUSUM statistic of the split: (mean after - mean before) * sqrt(k (n-k) / n) /
+    sigma, positive for a slowdown. Both segments hold at least ``min_segment`` values; rows
+    must not contain NaN.
+    """
+    rows, n = y.shape
+    onset = np.full(rows, -1, dtype=np.int64)
+    stat = np.zeros(rows)
+    if n < 2 * min_segment or rows == 0:
+        return onset, stat
+    k = np.arange(min_segment, n - min_segment + 1)
+    weight = np.sqrt(k * (n - k) / n)
+    per_chunk = max(1, _ONSET_CHUNK_CELLS // len(k))
+    for lo in range(0, rows, per_chunk):
+        part = y[lo:lo + per_chunk]
+        csum = np.cumsum(part, axis=1)
+        left = csum[:, k - 1] / k
+        right = (csum[:, -1:] - csum[:, k - 1]) / (n - k)
+        z = (right - left) * weight / sigma[lo:lo + per_chunk, None]
+        best = np.argmax(z, axis=1)
+        onset[lo:lo + per_chunk] = k[best]
+        stat[lo:lo + per_chunk] = z[np.arange(len(part)), best]
+    return onset, stat

@@ -24,7 +24,7 @@ import numpy as np
 import scipy.fft
 
 from argus_core.stats.grouping import group_starts
-from argus_core.stats.sketch import BIN_WIDTH, DurationSketch
+from argus_core.stats.sketch import BIN_WIDTH, BatchSketch, DurationSketch
 
 QUANTILES = (0.5, 0.99)
 
@@ -73,10 +73,10 @@ def compress(group: np.ndarray, dur_ns: np.ndarray, n_groups: int | None = None,
     ``group`` holds dense group ids (0..n_groups-1) and ``dur_ns`` the durations in ns (>= 0;
     0 is treated as 1 ns). Groups with no events produce no rows.
     """
-    return compress_sketch(DurationSketch.of(group, dur_ns, n_groups), config)
+    return compress_sketch(BatchSketch.of(group, dur_ns, n_groups), config)
 
 
-def compress_sketch(sketch: DurationSketch, config: CompressionConfig | None = None,
+def compress_sketch(sketch: DurationSketch | BatchSketch, config: CompressionConfig | None = None,
                     ) -> ClusterTable:
     """Cluster every group of a duration sketch at KDE valleys and summarise every cluster.
 
@@ -218,8 +218,9 @@ def _valley_boundaries(hist: np.ndarray, count: np.ndarray, bandwidth_bins: np.n
     return out_group[order], out_bin[order]
 
 
-def _summarise(sketch: DurationSketch, bins: _Bins, boundaries: tuple[np.ndarray, np.ndarray],
-               n_groups: int, grid: int) -> ClusterTable:
+def _summarise(sketch: DurationSketch | BatchSketch, bins: _Bins,
+               boundaries: tuple[np.ndarray, np.ndarray], n_groups: int, grid: int,
+               ) -> ClusterTable:
     """Per-cluster count, sum, min, max and quantiles interpolated within the fine bins."""
     b_group, b_cell = boundaries
     n_clusters = 1 + np.bincount(b_group, minlength=n_groups)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-from scipy.special import ndtri
+from scipy.special import ndtri, stdtrit
 
 MAD_TO_SIGMA = 1.4826  # MAD of a normal distribution times this = its standard deviation
 
@@ -76,14 +76,55 @@ def family_z(n_tests: int, alpha: float = 0.01) -> float:
     return float(ndtri(1.0 - alpha / max(n_tests, 1)))
 
 
-def lower_half_fence(scores: np.ndarray, n_sigma: float | np.ndarray) -> np.ndarray:
-    """Upper fence for each row of (U, N) scores, estimated from the faster half of peers.
+def t_widening(dof: np.ndarray, p: float) -> np.ndarray:
+    """How much wider a one-sided Student-t quantile at 1 - p is than the normal's.
 
-    With up to half of a group degraded, the lower half of the scores still comes from healthy
-    ranks: their 5th and 25th percentiles give a normal-consistent centre and spread, so a
-    symmetric IQR fence that a half-degraded group would blow open is never used.
+    A spread estimated from a few steps is itself uncertain; multiplying it by this factor
+    makes a normal threshold at 1 - p behave like the t test it should be.
     """
-    q05, q25 = np.quantile(scores, [0.05, 0.25], axis=-1)
+    p = min(max(p, 1e-15), 0.5)
+    dof = np.maximum(np.asarray(dof, dtype=np.float64), 1.0)
+    distinct, inverse = np.unique(dof, return_inverse=True)  # counts repeat: invert each once
+    return (stdtrit(distinct, 1.0 - p) / float(ndtri(1.0 - p)))[inverse].reshape(dof.shape)
+
+
+def lower_half_centre_spread(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Centre and normal-consistent spread of each row of (U, N) values, from the faster half.
+
+    The 5th and 25th percentiles of a row come from its lower half, which stays healthy while
+    up to half of the row is degraded: sigma = (q25 - q05) / 0.9706 and centre = q25 +
+    0.6745 sigma (the median, were the row normal).
+    """
+    q05, q25 = np.quantile(values, [0.05, 0.25], axis=-1)
     sigma = (q25 - q05) / 0.9706  # z(0.25) - z(0.05) for a normal
-    center = q25 + 0.6745 * sigma
-    return center + n_sigma * sigma
+    return q25 + 0.6745 * sigma, sigma
+
+
+def healthy_centre_spread(values: np.ndarray, split: float = 4.0,
+                          typical: np.ndarray | float = 0.0,
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """Centre and spread of the healthy ranks in each row of (U, N) values.
+
+    Two readings of a row: its middle (median, and the interquartile range / 1.349) and its
+    faster half (``lower_half_centre_spread``). When the middle is no more than ``split``
+    times wider than the spread expected (the faster half's, or ``typical``: what rows of the
+    same kind show, for rows too short to estimate it), the row is one population, maybe
+    skewed, and the middle is used (the more efficient estimate, honest about a long upper
+    tail). When it is much wider, the upper part of the row is degraded (up to half of it,
+    the paper's case 2) and only the faster half is trusted.
+    """
+    q05, q25, q50, q75 = np.quantile(values, [0.05, 0.25, 0.5, 0.75], axis=-1)
+    return centre_spread(q05, q25, q50, q75, split, typical)
+
+
+def centre_spread(q05: np.ndarray, q25: np.ndarray, q50: np.ndarray, q75: np.ndarray,
+                  split: float = 4.0, typical: np.ndarray | float = 0.0,
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """``healthy_centre_spread`` from a row's 5th, 25th, 50th and 75th percentiles."""
+    low = (q25 - q05) / 0.9706  # z(0.25) - z(0.05) for a normal
+    mid = (q75 - q25) / 1.349
+    expected = np.maximum(low, typical)
+    one_population = mid <= split * expected
+    centre = np.where(one_population, q50, q25 + 0.6745 * low)
+    spread = np.where(one_population, np.maximum(mid, expected), expected)
+    return centre, spread
