@@ -2,8 +2,8 @@
 
 from argus_core.simulate.cases import CASES, Case, Expectation
 from argus_core.simulate.faults import Fault, parse_fault
-from argus_core.simulate.model import SimConfig, simulate
+from argus_core.simulate.model import SimConfig, retimed, simulate
 from argus_core.simulate.writer import write_records
 
-__all__ = ["CASES", "Case", "Expectation", "Fault", "SimConfig", "parse_fault", "simulate",
-           "write_records"]
+__all__ = ["CASES", "Case", "Expectation", "Fault", "SimConfig", "parse_fault", "retimed",
+           "simulate", "write_records"]

@@ -37,7 +37,7 @@ import orjson
 from argus_core.processor.config import ProcessorConfig
 from argus_core.processor.core import Processor
 from argus_core.processor.metrics import ProcessorCollector
-from argus_core.simulate.model import JOB_EPOCH_NS, SimConfig, simulate
+from argus_core.simulate.model import SimConfig, retimed, simulate
 
 EXPORTERS_SCRAPE_JOB = "argus-exporters"
 PROCESSOR_SCRAPE_JOB = "argus-processor"
@@ -165,7 +165,7 @@ def record_history(jobs: list[SimConfig], processor_config: ProcessorConfig, sta
         scrape = ProcessorCollector(processor)
         ranks: dict[tuple[str, int], _Rank] = {}
         hosts: dict[tuple[str, int], str] = {}
-        streams = [_retimed(simulate(config), start_ns, time_scale) for config in jobs]
+        streams = [retimed(simulate(config), start_ns, time_scale) for config in jobs]
         pending: list[tuple[int, dict] | None] = [next(stream, None) for stream in streams]
         outage = incidents.processor_outage
         next_bad = incidents.bad_record_every_s
@@ -246,27 +246,6 @@ def record_history(jobs: list[SimConfig], processor_config: ProcessorConfig, sta
         return history
     finally:
         processor.drain()  # the job ended: its last windows written and uploaded
-
-
-def _retimed(records: Iterator[tuple[int, dict]], start_ns: int,
-             scale: float) -> Iterator[tuple[int, dict]]:
-    """The records moved to start at ``start_ns``, every duration multiplied by ``scale``."""
-    def at(t_ns):
-        return start_ns + ((t_ns - JOB_EPOCH_NS) * scale).astype("int64") \
-            if hasattr(t_ns, "astype") else start_ns + int((t_ns - JOB_EPOCH_NS) * scale)
-
-    for rank, record in records:
-        kind = record["kind"]
-        if kind == "step":
-            record = {**record, "t_ns": at(record["t_ns"]), "wall_s": record["wall_s"] * scale,
-                      "gpu_s": record["gpu_s"] * scale,
-                      "phases": {k: v * scale for k, v in record["phases"].items()}}
-        elif kind == "kernels":
-            record = {**record, "start_ns": at(record["start_ns"]),
-                      "dur_ns": (record["dur_ns"] * scale).astype("int64")}
-        elif kind == "stack":
-            record = {**record, "t_ns": at(record["t_ns"])}
-        yield rank, record
 
 
 def _time_of(record: dict) -> int:
