@@ -26,12 +26,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from argus_core.rules.config import PROMQL_AXES
 from argus_core.schema import AXES
 from argus_core.score.snapshot import JobSnapshot, PhaseTable
-
-# Axes whose compute comparisons (groups of three or more) the recording rules make; the
-# scorer publishes every other L2 comparison.
-PROMQL_AXES = ("dp", "tp", "ep")
 
 
 @dataclass
