@@ -116,7 +116,49 @@ def judge_phases(table: PhaseTable, config=None, stages: np.ndarray | None = Non
     matrix = StepMatrix(table.ranks, zero, zero, wall.copy(), np.full((n, 1), np.nan),
                         table.values[:, None, :], list(table.names))
     times = collective_times(matrix, table.coords)
+    if table.minimum is not None:
+        window_waits(times, matrix, table.coords, table.minimum)
     return detect_l2(matrix, table.coords, np.ones(1, dtype=bool), config, times, stages)
+
+
+def window_waits(times, matrix, coords: np.ndarray, minimum: np.ndarray) -> None:
+    """Waiting and transfer of the collectives in a one-"step" matrix of window medians, with
+    the bound that members of a collective finish together taken from the window's shortest
+    times (``minimum``, ranks x phases) instead of the medians.
+
+    The core bounds each step's waiting by ``d - shortest d in the group`` and by the last
+    arrival; medians smooth away the step-to-step jitter of arrivals, so the shortest median
+    of a group still holds the waiting its members did whenever a peer arrived after them
+    (most of a collective of a few milliseconds). A rank's shortest time in the window is a
+    step in which it waited for nobody: the group's shortest of them is its transfer alone,
+    and no rank's transfer exceeds its own shortest. Arrivals are the core's (phases before
+    the collective, plus time in no phase).
+    """
+    from argus_core.detect.arrival import group_reduce
+    from argus_core.taxonomy import is_comm_phase, phase_axis
+    from argus_core.topology import axis_groups
+
+    phases = matrix.phases
+    filled = np.nan_to_num(phases)
+    a_lo = np.cumsum(filled, axis=2) - filled
+    wall = np.nan_to_num(matrix.wall)
+    a_hi = a_lo + np.maximum(wall - filled.sum(axis=2), 0.0)[:, :, None]
+    for col, name in enumerate(matrix.phase_names):
+        axis = phase_axis(name)
+        if not is_comm_phase(name) or axis is None or len(matrix.ranks) < 2:
+            continue
+        gid = axis_groups(coords, axis)
+        d = phases[:, :, col]
+        own = np.fmin(d, minimum[:, None, col])  # NaN minimum: the median
+        last = group_reduce(a_hi[:, :, col], gid, np.fmax)[gid]
+        shortest = group_reduce(own, gid, np.fmin)[gid]
+        with np.errstate(invalid="ignore"):
+            wait = np.clip(np.minimum(d - shortest, last - a_lo[:, :, col]), 0.0, d)
+            times.transfer[:, :, col] = np.minimum(d - wait, own)
+        times.wait[:, :, col] = d - times.transfer[:, :, col]
+    comm = np.array([is_comm_phase(n) for n in matrix.phase_names], dtype=bool)
+    times.wait_s[...] = np.nansum(times.wait, axis=2)
+    times.comm_s[...] = np.nansum(times.transfer[:, :, comm], axis=2)
 
 
 def beyond_promql(l2, table: PhaseTable) -> list[PhaseStraggler]:

@@ -9,6 +9,8 @@
   phases within a step (``argus_phase_order_info``) become a ``PhaseTable``: one "step" of
   medians for the core's L2 and its arrival-skew waiting (who reached a collective last
   depends on the phases before it). Coordinates and host come from the exporters' labels.
+  For the collectives, also their shortest time in the window (``stat="min"``): a step
+  in which the rank waited for nobody, its transfer time alone.
 - Each rank's steps per second, to turn a window's kernel time into time per step.
 
 Label columns are pulled out of the JSON answer once per query and joined with numpy.
@@ -39,6 +41,7 @@ class PhaseTable:
     coords: np.ndarray  # ranks x 4 (AXES order)
     wall: np.ndarray | None = None  # per rank: median step wall time, NaN = not reported
     hosts: list[str] | None = None  # per rank: its host label
+    minimum: np.ndarray | None = None  # ranks x phases: shortest time in the window (NaN)
 
 
 @dataclass
@@ -148,11 +151,12 @@ def rank_coords(info: list[dict]) -> dict[int, tuple[int, ...]]:
     return out
 
 
-def phase_table(series: list[dict], walls: list[dict] = (),
-                orders: list[dict] = ()) -> PhaseTable | None:
+def phase_table(series: list[dict], walls: list[dict] = (), orders: list[dict] = (),
+                minimums: list[dict] = ()) -> PhaseTable | None:
     """The ranks x phases matrix of phase medians, each rank's coordinates, host and median
     step time, with the phases in the order the ranks report (``argus_phase_order_info``;
-    the order most ranks report wins, phases no rank orders come last, by name)."""
+    the order most ranks report wins, phases no rank orders come last, by name), and the
+    shortest time of each phase in the window where ``minimums`` has it."""
     if not series:
         return None
     (rank_text, phase, host, *axes), values = label_columns(series, ("rank", "phase", "host",
@@ -172,11 +176,25 @@ def phase_table(series: list[dict], walls: list[dict] = (),
     wall = np.full(len(ranks), np.nan)
     if walls:
         (wall_rank,), wall_s = label_columns(list(walls), ("rank",))
-        found = np.searchsorted(ranks, _ints(wall_rank))
-        ok = found < len(ranks)
-        ok[ok] = ranks[found[ok]] == _ints(wall_rank)[ok]
+        found, ok = _rows(ranks, _ints(wall_rank))
         wall[found[ok]] = wall_s[ok]
-    return PhaseTable(ranks, names, table, coords, wall, hosts)
+    minimum = None
+    if minimums:
+        (min_rank, min_phase), min_s = label_columns(list(minimums), ("rank", "phase"))
+        found, ok = _rows(ranks, _ints(min_rank))
+        col = np.fromiter((column.get(p, -1) for p in min_phase), np.int64, len(min_phase))
+        ok &= col >= 0
+        minimum = np.full(table.shape, np.nan)
+        minimum[found[ok], col[ok]] = min_s[ok]
+    return PhaseTable(ranks, names, table, coords, wall, hosts, minimum)
+
+
+def _rows(ranks: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row of each ``wanted`` rank in the sorted ``ranks``, and whether it is there."""
+    found = np.searchsorted(ranks, wanted)
+    ok = found < len(ranks)
+    ok[ok] = ranks[found[ok]] == wanted[ok]
+    return found, ok
 
 
 def step_order(names: list[str], orders: list[dict]) -> list[str]:
@@ -232,10 +250,13 @@ def fetch_job(api: PrometheusAPI, job: str, selector: str, window_s: float,
     phases = api.query(f'argus_phase_window_seconds{{{match},stat="median"}}')
     walls = api.query(f'argus_step_window_seconds{{{match},stat="median"}}')
     orders = api.query(f"argus_phase_order_info{{{match}}}")
+    minimums = api.query(f'argus_phase_window_seconds{{{match},stat="min",'
+                         f'phase=~"({"|".join(AXES)})-.*"}}')
     steps = api.query(f"sum by (rank) (rate(argus_steps_total{{{match}}}[{rate_window}]))")
     (step_rank,), step_rate = label_columns(steps, ("rank",))
     return JobSnapshot(
-        job=job, summary=summary, coords=coords, phases=phase_table(phases, walls, orders),
+        job=job, summary=summary, coords=coords,
+        phases=phase_table(phases, walls, orders, minimums),
         steps_per_s={int(r): float(v) for r, v in zip(step_rank, step_rate, strict=True)
                      if r.isdigit()})
 
