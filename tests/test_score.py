@@ -247,13 +247,14 @@ def test_summaries_join_in_any_order(prometheus):
 
 def medians_table(trace) -> PhaseTable:
     """What the scorer reads for a job, from a simulated trace: each rank's median phase and
-    step times (as the exporters' rolling windows give them) in step order."""
+    step times and shortest phase times (as the exporters' rolling windows give them) in step
+    order."""
     from argus_core.detect.steps import step_matrix
 
     matrix = step_matrix(trace.steps)
     return PhaseTable(matrix.ranks, matrix.phase_names, np.nanmedian(matrix.phases, axis=1),
                       trace.coords(matrix.ranks), np.nanmedian(matrix.wall, axis=1),
-                      ["node-0"] * len(matrix.ranks))
+                      ["node-0"] * len(matrix.ranks), np.nanmin(matrix.phases, axis=1))
 
 
 @pytest.mark.parametrize("seed", range(3))

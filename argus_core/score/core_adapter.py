@@ -121,7 +121,8 @@ def judge_phases(table: PhaseTable, config=None, stages: np.ndarray | None = Non
     return detect_l2(matrix, table.coords, np.ones(1, dtype=bool), config, times, stages)
 
 
-def window_waits(times, matrix, coords: np.ndarray, minimum: np.ndarray) -> None:
+def window_waits(times, matrix, coords: np.ndarray, minimum: np.ndarray,
+                 window_steps: int = 32) -> None:
     """Waiting and transfer of the collectives in a one-"step" matrix of window medians, with
     the bound that members of a collective finish together taken from the window's shortest
     times (``minimum``, ranks x phases) instead of the medians.
@@ -149,7 +150,13 @@ def window_waits(times, matrix, coords: np.ndarray, minimum: np.ndarray) -> None
             continue
         gid = axis_groups(coords, axis)
         d = phases[:, :, col]
-        own = np.fmin(d, minimum[:, None, col])  # NaN minimum: the median
+        low = np.fmin(d, minimum[:, None, col])  # NaN minimum: the median
+        # The per-step shortest of k members is about their 1 - 0.5^(1/k) quantile; each
+        # member's is read between its window minimum (quantile ~1/(n+1)) and its median.
+        k = np.bincount(gid)[gid][:, None]
+        share = np.clip((1 - 0.5 ** (1 / k) - 1 / (window_steps + 1))
+                        / (0.5 - 1 / (window_steps + 1)), 0.0, 1.0)
+        own = low + share * (d - low)
         last = group_reduce(a_hi[:, :, col], gid, np.fmax)[gid]
         shortest = group_reduce(own, gid, np.fmin)[gid]
         with np.errstate(invalid="ignore"):
