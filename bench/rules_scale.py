@@ -222,6 +222,20 @@ def rule_durations(url: str) -> dict[str, float]:
     return {r["metric"]["rule_group"].split(";")[-1]: float(r["value"][1]) for r in result}
 
 
+def slowest_rules(url: str, top: int = 12) -> list[str]:
+    """The rules whose last evaluation took longest (``/api/v1/rules``' ``evaluationTime``),
+    as ``group/name{axis}: seconds``: where an optimisation pays."""
+    with urllib.request.urlopen(f"{url}/api/v1/rules", timeout=60) as answer:
+        groups = json.load(answer)["data"]["groups"]
+    timed = []
+    for group in groups:
+        for rule in group["rules"]:
+            axis = (rule.get("labels") or {}).get("axis")
+            name = f"{group['name']}/{rule['name']}" + (f"{{{axis}}}" if axis else "")
+            timed.append((float(rule.get("evaluationTime", 0.0)), name))
+    return [f"{name}: {seconds:.3f}" for seconds, name in sorted(timed, reverse=True)[:top]]
+
+
 def missed(url: str) -> float:
     result, _ = query(url, "sum(prometheus_rule_group_iterations_missed_total)")
     return float(result[0]["value"][1]) if result else 0.0
@@ -387,6 +401,7 @@ def main() -> None:
             "missed_iterations": missed(url),
             "groups": {g: round(d, 3) for g, d in sorted(last.items(), key=lambda kv: -kv[1])}
             if sums else {},
+            "slowest_rules": slowest_rules(url),
             "baseline_count_seconds": count_s,
             "ratio_to_count_baseline": (max(sums) / count_s) if sums else float("nan"),
             "head_series": int(series),
