@@ -19,11 +19,11 @@ over the 80,000 phase-median series through the HTTP API (the issue's calibratio
 Scorer. (a) compute: the Prometheus API answers for 10,000 ranks x ``--kernels`` kernels x 2
 clusters (synthetic summaries, one rank 2x slow) are rendered as Prometheus renders them;
 ``scorer_parse_seconds`` is decoding them, ``scorer_compute_seconds`` the rebuild of the
-summary table plus the core's scoring and verdicts. (b) query: the same Prometheus also
-scrapes kernel summaries for 10,000 ranks x ``--query-kernels`` kernels (as the processor
-exposes them); ``scorer_query_seconds`` is the scorer's real fetch of one job through the
-HTTP API and ``scorer_fetched_series`` what it fetched (the full 100 kernels would need ~6 M
-series in one Prometheus, beyond this machine).
+summary table plus the core's scoring (L3, and L2 on the ranks' phase table) and verdicts.
+(b) query: the same Prometheus also scrapes kernel summaries for 10,000 ranks x
+``--query-kernels`` kernels (as the processor exposes them); ``scorer_query_seconds`` is the
+scorer's real fetch of one job through the HTTP API and ``scorer_fetched_series`` what it
+fetched (the full 100 kernels would need ~6 M series in one Prometheus, beyond this machine).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from argus_core.rules.generate import to_yaml
 from argus_core.rules.recording import recording_groups
 from argus_core.schema import AXES
 from argus_core.score.core_adapter import judge
-from argus_core.score.snapshot import JobSnapshot, kernel_summary
+from argus_core.score.snapshot import JobSnapshot, PhaseTable, kernel_summary
 from argus_core.simulate.summaries import synthetic_summaries
 from argus_core.stack.processes import free_port
 from argus_core.summaries import summary_families
@@ -222,6 +222,20 @@ def rule_durations(url: str) -> dict[str, float]:
     return {r["metric"]["rule_group"].split(";")[-1]: float(r["value"][1]) for r in result}
 
 
+def slowest_rules(url: str, top: int = 12) -> list[str]:
+    """The rules whose last evaluation took longest (``/api/v1/rules``' ``evaluationTime``),
+    as ``group/name{axis}: seconds``: where an optimisation pays."""
+    with urllib.request.urlopen(f"{url}/api/v1/rules", timeout=60) as answer:
+        groups = json.load(answer)["data"]["groups"]
+    timed = []
+    for group in groups:
+        for rule in group["rules"]:
+            axis = (rule.get("labels") or {}).get("axis")
+            name = f"{group['name']}/{rule['name']}" + (f"{{{axis}}}" if axis else "")
+            timed.append((float(rule.get("evaluationTime", 0.0)), name))
+    return [f"{name}: {seconds:.3f}" for seconds, name in sorted(timed, reverse=True)[:top]]
+
+
 def missed(url: str) -> float:
     result, _ = query(url, "sum(prometheus_rule_group_iterations_missed_total)")
     return float(result[0]["value"][1]) if result else 0.0
@@ -280,15 +294,31 @@ def scorer_compute(ranks: int, kernels: int) -> dict:
             parts.append(kernel_summary(executions, durations, 60_000_000_000, names))
             rebuild_s += time.perf_counter() - t0
             del executions, durations
+    phases = phase_snapshot(ranks, coords)
     t0 = time.perf_counter()
     table = concat(parts, names, 60_000_000_000)
-    snapshot = JobSnapshot("bench", table, {r: tuple(coords[r]) for r in range(ranks)})
+    snapshot = JobSnapshot("bench", table, {r: tuple(coords[r]) for r in range(ranks)}, phases,
+                           dict.fromkeys(range(ranks), 1 / STEP_S))
     judgement = judge(snapshot, peer_axis="pp")
     judge_s = time.perf_counter() - t0
     flagged = set(judgement.kernels.rank[judgement.kernels.straggler].tolist())
     return {"scorer_compute_seconds": rebuild_s + judge_s, "scorer_rebuild_seconds": rebuild_s,
             "scorer_judge_seconds": judge_s, "scorer_parse_seconds": parse_s,
-            "scorer_series": series, "scorer_slow_rank_found": flagged == {SLOW_RANK}}
+            "scorer_series": series, "scorer_slow_rank_found": flagged == {SLOW_RANK},
+            "scorer_l2_tests": judgement.l2_tests,  # the L2 ran on every rank and phase
+            "scorer_l2_findings": sorted({f"{f.rank}:{f.phase}:{f.axis}"
+                                          for f in judgement.phases})}
+
+
+def phase_snapshot(ranks: int, coords: np.ndarray) -> PhaseTable:
+    """The phase table the scorer's L2 judges (medians, shortest collective times, median
+    step times; ranks 1% apart, SLOW_RANK's mlp 2x), as ``phase_table`` builds it."""
+    rng = np.random.default_rng(1)
+    values = np.array(list(PHASES.values()))[None, :] * np.exp(rng.normal(0, 0.01, (ranks, 1)))
+    values[SLOW_RANK, list(PHASES).index("mlp")] *= 2.0
+    wall = values.sum(axis=1).max() * 1.05 * np.ones(ranks)
+    return PhaseTable(np.arange(ranks), list(PHASES), values, coords, wall,
+                      [f"node-{r // 8}" for r in range(ranks)], values * 0.98)
 
 
 def main() -> None:
@@ -371,6 +401,7 @@ def main() -> None:
             "missed_iterations": missed(url),
             "groups": {g: round(d, 3) for g, d in sorted(last.items(), key=lambda kv: -kv[1])}
             if sums else {},
+            "slowest_rules": slowest_rules(url),
             "baseline_count_seconds": count_s,
             "ratio_to_count_baseline": (max(sums) / count_s) if sums else float("nan"),
             "head_series": int(series),

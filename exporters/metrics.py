@@ -33,6 +33,7 @@ class StepMetrics:
         self.phase_total: dict[str, float] = {}
         self._wall: deque[float] = deque(maxlen=window_steps)
         self._phases: dict[str, deque[float]] = {}
+        self._position: dict[str, list[float]] = {}  # phase -> [sum of relative positions, n]
         self.window_steps = window_steps
 
     def observe(self, wall_s: float, gpu_s: float, phases: dict[str, float]) -> None:
@@ -42,12 +43,27 @@ class StepMetrics:
             self.wall_total += wall_s
             self.gpu_total += gpu_s
             self._wall.append(wall_s)
+            last = max(len(phases) - 1, 1)
+            for i, name in enumerate(phases):
+                position = self._position.get(name)
+                if position is None:
+                    position = self._position[name] = [0.0, 0]
+                position[0] += i / last
+                position[1] += 1
             for name, seconds in phases.items():
                 self.phase_total[name] = self.phase_total.get(name, 0.0) + seconds
                 window = self._phases.get(name)
                 if window is None:
                     window = self._phases[name] = deque(maxlen=self.window_steps)
                 window.append(seconds)
+
+    def phase_order(self) -> list[str]:
+        """Phase names in the order they happen within a step (``phases`` arrive in the order
+        they started; a phase missing from some steps is placed by its mean position), as
+        ``argus diagnose`` orders them: who arrived late at a collective depends on it."""
+        with self._lock:
+            return sorted(self._position, key=lambda n: self._position[n][0] /
+                          self._position[n][1])
 
     def window(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """(last N wall times, last N times per phase), copied under the lock."""
@@ -113,6 +129,13 @@ class StepMetrics:
             family = kind(name, doc, labels=[*names, *extra])
             for extra_values, value in samples:
                 family.add_metric([*values, *extra_values], value)
+            yield family
+        order = self.phase_order()
+        if order:  # one series per rank: the scorer's arrival-skew waiting needs the order
+            family = gauge("argus_phase_order_info", "Phases in the order they happen within "
+                           "a step, comma-separated in the label order (value 1).",
+                           labels=[*names, "order"])
+            family.add_metric([*values, ",".join(order)], 1.0)
             yield family
         for name, (doc, value) in sorted(h.gauges.copy().items()):  # probes' own gauges
             family = gauge(name, doc, labels=names)

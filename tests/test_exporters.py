@@ -388,3 +388,24 @@ def test_probes_that_cannot_run_are_reported_and_training_goes_on(tmp_path, monk
     assert up["kernels"][1] == 0 and up["kernels"][0] in ("unavailable", "skipped")
     assert up["stacks"] == ("unavailable", 0)
     assert families["argus_steps"].samples[0].value == 3
+
+
+def test_metrics_say_in_which_order_phases_happen():
+    """One series per rank lists the phases in step order (the scorer needs it to tell who
+    arrived last at a collective); a phase seen in some steps only sits at its mean place."""
+    from argus_exporters.metrics import StepMetrics
+
+    identity = RankIdentity("j", 0, 1, 0, "node-0", {"dp": 0, "tp": 0, "pp": 0, "ep": 0})
+    metrics = StepMetrics(identity, Health(), 8)
+    for step in range(4):
+        phases = {"forward": 0.1, "backward": 0.2, "dp-allreduce": 0.05, "optimizer": 0.01}
+        if step == 3:  # a custom phase once, between backward and the all-reduce
+            phases = {"forward": 0.1, "backward": 0.2, "clip": 0.01, "dp-allreduce": 0.05,
+                      "optimizer": 0.01}
+        metrics.observe(0.4, 0.37, phases)
+    [family] = [f for f in metrics.collect() if f.name == "argus_phase_order_info"]
+    [sample] = family.samples
+    assert sample.labels["order"] == "forward,backward,clip,dp-allreduce,optimizer"
+    assert sample.labels["rank"] == "0" and sample.value == 1
+    assert not [f for f in StepMetrics(identity, Health(), 8).collect()
+                if f.name == "argus_phase_order_info"]  # no step yet, no order

@@ -105,7 +105,9 @@ def test_the_defaults_file_reads_back_as_the_defaults():
     ({"spike_ratio": "high"}, "spike_ratio: expected a number"),
     ({"l2_z": -1}, "l2_z: must be a finite number >= 0"),
     ({"warmup_steps": 2.5}, "warmup_steps: expected a whole number"),
-    ({"axes": ["dp", "xp"]}, "axes: expected a list of dp, tp, pp, ep"),
+    ({"axes": ["dp", "xp"]}, "axes: expected a list of dp, tp, ep"),
+    ({"axes": ["dp", "pp"]}, "pp, pairs and collectives are judged by the scorer"),
+    ({"silent_window": "4m"}, "silent_window: must be longer than Prometheus's 5m lookback"),
     ({"selectors": {"exporter": "a=\"b\""}}, "unknown selector 'exporter'"),
 ])
 def test_bad_overrides_name_what_is_wrong(data, message):

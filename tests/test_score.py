@@ -44,6 +44,10 @@ class Cluster:
         totals = CounterMetricFamily("argus_phase_seconds", "phase time",
                                      labels=[*labels, "phase"])
         steps = CounterMetricFamily("argus_steps", "steps", labels=labels)
+        walls = GaugeMetricFamily("argus_step_window_seconds", "step time",
+                                  labels=[*labels, "stat"])
+        orders = GaugeMetricFamily("argus_phase_order_info", "order",
+                                   labels=[*labels, "order"])
         elapsed = time.time() - self.started
         for job in self.summaries:
             for rank in [*range(RANKS), *([SILENT_RANK] if job == "llm-a" else [])]:
@@ -59,7 +63,9 @@ class Cluster:
                     phases.add_metric([*ident, phase, "median"], seconds)
                     totals.add_metric([*ident, phase], seconds * 10 * elapsed)
                 steps.add_metric(ident, 10 * elapsed)
-        yield from (info, phases, totals, steps)
+                walls.add_metric([*ident, "median"], 0.1)
+                orders.add_metric([*ident, "mlp,dp-allreduce"], 1)
+        yield from (info, phases, totals, steps, walls, orders)
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +107,8 @@ def test_a_round_scores_the_slow_rank_and_says_why(prometheus):
     assert min(slow) > 0.5  # twice as slow: about +100% over the healthy reference
     assert {(s["job"], s["rank"], s["cause"]) for s, _ in out["argus_verdict"]} == {
         ("llm-a", str(SLOW_RANK), "compute")}
+    # Its mlp against its dp group of 8 is the recording rules' comparison, not published.
+    assert "argus_phase_straggler_ratio" not in out
     unscored = {s["job"]: v for s, v in out["argus_scorer_unscored_ranks"]}
     assert unscored == {"llm-a": 1, "llm-b": 0}
     health = {name: values[0][1] for name, values in out.items() if name.startswith(
@@ -155,25 +163,35 @@ def test_a_frozen_prometheus_times_out_then_recovers(prometheus):
     assert set(scorer.published.judgements) == {"llm-a", "llm-b"}
 
 
-def test_waiting_excuses_a_slow_collective_kernel():
-    """A collective kernel slow only because its rank waits for a late peer is not a finding;
-    the same kernel with no measured waiting is (link trouble)."""
+def test_waiting_for_a_late_arriver_excuses_a_slow_collective_kernel():
+    """A collective kernel slow only because its rank reached the collective early and waited
+    there for the last arriver is not a finding; the same kernel with every rank arriving
+    together is (the link), and L2 names it: waiting is measured from arrival skew."""
     summary = synthetic_summaries(8, 1, slow={3: 2.0})
     summary.names = ["ncclDevKernel_AllReduce_Sum_bf16_RING_LL"]
     coords = {r: (r, 0, 0, 0) for r in range(8)}
-    mean_allreduce = np.full((8, 1), 0.010)
-    mean_allreduce[3] = 0.030  # rank 3 waits 20 ms per step in the all-reduce
 
-    def snapshot(times):
-        table = PhaseTable(np.arange(8), ["dp-allreduce"], times,
-                           np.array([coords[r] for r in range(8)]))
-        return JobSnapshot("j", summary, coords, table, table, {r: 10.0 for r in range(8)})
+    def snapshot(mlp, allreduce, wall):
+        table = PhaseTable(np.arange(8), ["mlp", "dp-allreduce"],
+                           np.column_stack([mlp, allreduce]),
+                           np.array([coords[r] for r in range(8)]), wall, ["node-0"] * 8)
+        return JobSnapshot("j", summary, coords, table, {r: 10.0 for r in range(8)})
 
-    waiting = judge(snapshot(mean_allreduce))
-    assert not waiting.kernels.straggler.any()
+    allreduce = np.full(8, 0.010)
+    allreduce[3] = 0.030  # rank 3's all-reduce takes 20 ms longer ...
+    early = np.full(8, 0.030)
+    early[3] = 0.010  # ... because it reaches it 20 ms before the others
+    waiting = judge(snapshot(early, allreduce, np.full(8, 0.042)))
     assert waiting.wait_s[3] == pytest.approx(0.020)
-    linked = judge(snapshot(np.full((8, 1), 0.010)))
+    assert not waiting.kernels.straggler.any()
+    assert not waiting.phases and not waiting.verdicts
+    together = np.full(8, 0.030)  # everyone arrives at once: the time is the link's
+    linked = judge(snapshot(together, allreduce, together + allreduce))
+    assert linked.wait_s[3] == pytest.approx(0.0)
     assert set(linked.kernels.rank[linked.kernels.straggler].tolist()) == {3}
+    assert [(f.rank, f.phase, f.axis, f.kind) for f in linked.phases] == [
+        (3, "dp-allreduce", "dp", "communication")]
+    assert linked.phases[0].ratio == pytest.approx(3.0)
     assert linked.verdicts == [(3, "communication")]
 
 
@@ -225,3 +243,45 @@ def test_summaries_join_in_any_order(prometheus):
     assert rows(sorted_table) == rows(shuffled)
     missing = kernel_summary(executions[1:], durations, 60_000_000_000)
     assert len(missing) == len(sorted_table) - 1  # no count, no row: nothing guessed
+
+
+def medians_table(trace) -> PhaseTable:
+    """What the scorer reads for a job, from a simulated trace: each rank's median phase and
+    step times and shortest phase times (as the exporters' rolling windows give them) in step
+    order."""
+    from argus_core.detect.steps import step_matrix
+
+    matrix = step_matrix(trace.steps)
+    return PhaseTable(matrix.ranks, matrix.phase_names, np.nanmedian(matrix.phases, axis=1),
+                      trace.coords(matrix.ranks), np.nanmedian(matrix.wall, axis=1),
+                      ["node-0"] * len(matrix.ranks), np.nanmin(matrix.phases, axis=1))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_pairs_and_collectives_are_published_as_the_core_finds_them(seed):
+    """Comparisons PromQL cannot make come from the scorer, with the core's verdict: a pair
+    member its partner waits for (tp and dp pairs), and a group whose collective is slow
+    with nobody arriving late (a link, against the axis's other groups)."""
+    from argus_core.detect.diagnose import diagnose
+    from argus_core.simulate.faults import parse_fault
+    from argus_core.simulate.model import SimConfig, simulate_trace
+    from argus_core.topology import Topology
+
+    for topology, spec, expected in (
+            (Topology(dp=2, tp=2), "compute:ranks=1:phases=mlp*2:from=0",
+             {(1, "mlp", "compute")}),
+            (Topology(dp=2, tp=2, pp=2), "compute:ranks=6:phases=backward*1.8:from=0",
+             {(6, "backward", "compute")}),
+            (Topology(dp=4, tp=2), "link:ranks=2,3:axis=tp:factor=6:from=0",
+             {(2, "tp-comm", "communication"), (3, "tp-comm", "communication")})):
+        trace = simulate_trace(SimConfig(topology=topology, steps=30, seed=seed,
+                                         faults=(parse_fault(spec),)))
+        core = {(f.rank, f.phase, f.kind) for f in diagnose(trace).l2.findings}
+        assert core == expected, spec
+        table = medians_table(trace)
+        judged = judge(JobSnapshot("sim", synthetic_summaries(0, 0), {}, table))
+        assert {(f.rank, f.phase, f.kind) for f in judged.phases} == expected, spec
+        for f in judged.phases:
+            assert f.labels == {"host": "node-0", **{
+                a: str(c) for a, c in zip(("dp", "tp", "pp", "ep"),
+                                          trace.coords(np.array([f.rank]))[0], strict=True)}}

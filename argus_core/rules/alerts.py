@@ -10,8 +10,8 @@ reduced each 10,000-rank vector to the ranks that stand out.
 from __future__ import annotations
 
 from argus_core.rules.config import RulesConfig, format_duration
-from argus_core.rules.promql import axis_phases, compute_phases, group_labels, select
-from argus_core.rules.recording import STAT_MEDIAN
+from argus_core.rules.promql import compute_phases, group_labels, indent, select
+from argus_core.rules.recording import STAT_MEDIAN, on_axis
 
 L1_SYMPTOMS = ("ArgusIterationSpike", "ArgusIterationRegression")
 RANK_CAUSES = ("ArgusStragglerRank", "ArgusLinkDegraded", "ArgusKernelStraggler",
@@ -61,8 +61,8 @@ def l1_alerts(config: RulesConfig) -> list[dict]:
                "A training job's iteration time regressed.",
                "Job {{ $labels.job }} runs "
                '{{ $value | printf "%.2f" }}x slower: median iteration time over the last '
-               f"{format_duration(config.regression_recent)} against the "
-               f"{format_duration(config.regression_baseline)} before."),
+               f"{format_duration(config.regression_recent)} against its best such median in "
+               f"the {format_duration(config.regression_baseline)} before."),
         _alert(config, "ArgusHostStall",
                "(\n"
                f"  increase({seconds}[{host}]) - increase({gpu}[{host}])\n"
@@ -82,59 +82,49 @@ def l1_alerts(config: RulesConfig) -> list[dict]:
 
 
 def l2_alerts(config: RulesConfig) -> list[dict]:
-    """Ranks slower than their axis group in a compute phase; groups whose collective is slow
-    even for their last arriver (a link)."""
-    sel = config.selectors.exporters
-    phases = select("argus_phase_window_seconds", STAT_MEDIAN, compute_phases(), sel)
-    straggler_parts, link_parts = [], []
+    """Ranks slower than their axis group in a compute phase (the recording rules' groups of
+    three or more on ``axes``, and the scorer's pairs and pipeline stages); ranks or groups
+    whose collective transfer is slow with the waiting for late arrivers removed (the
+    scorer's)."""
+    sel = config.selectors
+    phases = select("argus_phase_window_seconds", STAT_MEDIAN, compute_phases(), sel.exporters)
+    scorer = select("argus_phase_straggler_ratio", 'kind="compute"', sel.scorer)
+    straggler_parts = []
     for axis in config.axes:
         group = group_labels(axis, "phase")
-        on_axis = f'{{axis="{axis}"}}'
         straggler_parts.append(
             "(\n"
             f"  {phases}\n"
             f"  > on ({group}) group_left\n"
-            f"  axis_group:argus_phase_seconds:threshold{on_axis}\n"
+            f"  axis_group:argus_phase_seconds:threshold{on_axis(axis)}\n"
             ")\n"
             f"/ on ({group}) group_left (axis)\n"
-            f"axis_group:argus_phase_seconds:median{on_axis}")
-        comm = select("argus_phase_window_seconds", STAT_MEDIAN, axis_phases(axis), sel)
-        link_parts.append(
-            f"0 * {comm}\n"
-            f"+ on ({group}) group_left (axis)\n"
-            "(\n"
-            f"  (\n    axis_group:argus_collective_seconds:min{on_axis}\n"
-            "    > on (job, phase) group_left\n"
-            f"    job_phase:argus_collective_group_min_seconds:threshold{on_axis}\n  )\n"
-            "  / on (job, phase) group_left\n"
-            f"  job_phase:argus_collective_group_min_seconds:median{on_axis}\n"
-            ")")
+            f"axis_group:argus_phase_seconds:median{on_axis(axis)}")
+    straggler_parts.append(scorer)
+    link = select("argus_phase_straggler_ratio", 'kind="communication"', sel.scorer)
     return [
         _alert(config, "ArgusStragglerRank", _union(straggler_parts),
                config.for_straggler, "critical", "L2",
                "A rank is a straggler in a compute phase.",
                "Rank {{ $labels.rank }} (host {{ $labels.host }}) of job {{ $labels.job }} "
                'takes {{ $value | printf "%.2f" }}x the median of its {{ $labels.axis }} group '
-               "in phase {{ $labels.phase }} (median of its last "
+               "(its partner's in a pair) in phase {{ $labels.phase }} (median of its last "
                f"{config.exporter_window_steps} steps)."),
-        _alert(config, "ArgusLinkDegraded", _union(link_parts),
+        _alert(config, "ArgusLinkDegraded", _union([link]),
                config.for_straggler, "critical", "L2",
-               "A group of ranks is slow in a collective even when nobody is late.",
+               "A collective is slow with nobody arriving late.",
                "Rank {{ $labels.rank }} (host {{ $labels.host }}) of job {{ $labels.job }}: "
-               "its {{ $labels.axis }} group's shortest {{ $labels.phase }} is "
-               '{{ $value | printf "%.2f" }}x the median over the other groups: the '
-               "collective itself is slow, suspect the link, NIC or switch the group shares."),
+               "its {{ $labels.phase }} transfer time (the waiting for late arrivers removed) "
+               'is {{ $value | printf "%.2f" }}x that of its {{ $labels.axis }} peers: the '
+               "collective itself is slow, suspect the link, NIC or switch it uses."),
     ]
 
 
 def _union(parts: list[str]) -> str:
-    """``max without (stat) (p1 or p2 ...)``: one series per rank, phase and axis."""
+    """``max without (stat, instance, kind) (p1 or p2 ...)``: one series per rank, phase and
+    axis, whichever side (the rules or the scorer) found it."""
     body = "\nor\n".join(parts)
-    return "max without (stat) (\n" + _indent(body) + "\n)"
-
-
-def _indent(text: str) -> str:
-    return "\n".join("  " + line for line in text.splitlines())
+    return "max without (stat, instance, kind) (\n" + indent(body) + "\n)"
 
 
 def l3_alerts(config: RulesConfig) -> list[dict]:
@@ -155,22 +145,50 @@ def l3_alerts(config: RulesConfig) -> list[dict]:
 
 
 def pipeline_alerts(config: RulesConfig) -> list[dict]:
-    """Argus's own plumbing: exporters, processor, scorer."""
+    """Argus's own plumbing: exporters, processor, scorer, and Vector's scrapes.
+
+    Exporters and processors are watched in both ways their metrics reach Prometheus: its
+    own scrapes (``up == 0``) and Vector's remote write, where Prometheus has no ``up`` for
+    them: a rank (a processor) whose series stopped while the rest of its job still reports
+    (within ``silent_window``; without staleness markers they vanish after the 5 m lookback).
+    A target that ``up`` already reports down is not reported twice."""
     sel = config.selectors
     stale = format_duration(config.scorer_stale_after)
+    silent = format_duration(config.silent_window)
     down = config.for_component_down
+    window = format_duration(max(config.rate_window, 4 * config.scrape_interval))
+    steps = select("argus_steps_total", sel.exporters)
+    records = select("argus_processor_records_total", sel.processor)
+    exporters_down = f"{select('up', sel.exporters_up)} == 0"
+    processor_down = f"{select('up', sel.processor_up)} == 0"
     return [
-        _alert(config, "ArgusExporterDown", f"{select('up', sel.exporters_up)} == 0",
+        _alert(config, "ArgusExporterDown",
+               f"{exporters_down}\n"
+               "or\n"
+               "(\n"
+               f"  group by (job, rank, host, instance) (last_over_time({steps}[{silent}]))\n"
+               f"  unless on (job, rank) {steps}\n"
+               f"  unless on (instance) {exporters_down}\n"
+               ")\n"
+               f"and on (job) group by (job) ({steps})",
                config.for_exporter_down, "warning", "pipeline",
-               "Prometheus cannot scrape an Argus exporter.",
-               "The exporter at {{ $labels.instance }} does not answer: its ranks' step and "
-               "phase metrics are missing, so L1 and L2 cannot judge them."),
+               "An Argus exporter stopped reporting.",
+               "{{ if $labels.rank }}Rank {{ $labels.rank }} (host {{ $labels.host }}) of job "
+               "{{ $labels.job }} stopped reporting while the rest of its job still does"
+               "{{ else }}The exporter at {{ $labels.instance }} does not answer its scrape"
+               "{{ end }}: its step and phase metrics are missing, so L1 and L2 cannot judge "
+               "it."),
         _alert(config, "ArgusExporterDroppingRecords",
                "job:argus_exporter_dropped_records:rate > 0", config.for_pipeline, "warning",
                "pipeline", "Argus exporters are dropping trace records.",
                "Job {{ $labels.job }} drops {{ $value | humanize }} records/s "
                "({{ $labels.reason }}): traces and L3 have gaps."),
-        _alert(config, "ArgusProcessorDown", f"{select('up', sel.processor_up)} == 0",
+        _alert(config, "ArgusProcessorDown",
+               f"{processor_down}\n"
+               "or\n"
+               f"group by (instance) (last_over_time({records}[{silent}]))\n"
+               f"unless on (instance) {records}\n"
+               f"unless on (instance) {processor_down}",
                down, "warning", "pipeline", "An Argus processor is down.",
                "The processor at {{ $labels.instance }} does not answer: its host's kernel "
                "summaries (L3) and Perfetto traces stop; exporters drop what they cannot post."),
@@ -196,4 +214,13 @@ def pipeline_alerts(config: RulesConfig) -> list[dict]:
                "The scorer at {{ $labels.instance }} has not completed a round for more than "
                f"{stale} (or does not answer): L3 scores and verdicts are missing, by design "
                "never stale."),
+        _alert(config, "ArgusVectorScrapeFailing",
+               "sum by (host) (rate("
+               f"{select('vector_component_errors_total', sel.vector_scrape)}[{window}]))"
+               " > 0",
+               down, "warning", "pipeline",
+               "A Vector agent fails to scrape Argus's endpoints.",
+               "The Vector agent on {{ $labels.host }} fails {{ $value | humanize }} scrapes/s "
+               "of the exporters or the processor it watches (remote-write mode): their "
+               "metrics are missing or late."),
     ]

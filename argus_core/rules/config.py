@@ -2,9 +2,10 @@
 
 Mixin style (node-mixin, kubernetes-mixin): every rule, alert and the Alertmanager example is
 generated from a ``RulesConfig``; users override keys in a YAML file (``argus rules --config
-FILE``) instead of editing generated YAML. The detection thresholds default to the core's own
-(``L1Config``, ``L2Config``), so the rules and ``argus diagnose`` judge with the same numbers;
-re-align them by changing the core, not this file.
+FILE``) instead of editing generated YAML. The detection thresholds are the core's own
+(``L1Config``, ``L2Config``: ``RulesConfig`` reads its defaults from them), so the rules and
+``argus diagnose`` judge with the same numbers; re-align them by changing the core, not this
+file.
 
 Durations are seconds here and Prometheus durations (``2m``, ``600ms``) in files. The production
 defaults assume a 15 s scrape and evaluation interval and steps of ~2-10 s. ``scaled(k)``
@@ -21,10 +22,14 @@ from pathlib import Path
 
 from argus_core.detect.l1 import L1Config
 from argus_core.detect.l2 import L2Config
-from argus_core.schema import AXES
 
 _L1 = L1Config()
 _L2 = L2Config()
+
+# Axes whose compute-phase comparisons (groups of three or more) the recording rules make.
+# The pipeline axis is the scorer's: which stages do alike work is read off the kernels the
+# processors see; so are pairs (who waits) and collectives (arrival skew).
+PROMQL_AXES = ("dp", "tp", "ep")
 
 
 def _doc(text: str, default, **kwargs):
@@ -32,8 +37,12 @@ def _doc(text: str, default, **kwargs):
     return field(default=default, metadata={"doc": text, **kwargs})
 
 
-def _duration(text: str, default: float):
-    return _doc(text, default, duration=True)
+def _duration(text: str, default: float, scaled: bool = True):
+    return _doc(text, default, duration=True, scaled=scaled)
+
+
+LOOKBACK_S = 300.0  # Prometheus's lookback delta: a remote-written series without staleness
+# markers stays visible this long after its last sample
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,9 @@ class Selectors:
                              'job="argus-exporters"')
     processor_up: str = _doc("the processors' scrape targets, for `up`", 'job="argus-processor"')
     scorer_up: str = _doc("the scorers' scrape targets, for `up`", 'job="argus-scorer"')
+    vector_scrape: str = _doc("Vector's source that scrapes the exporters and processors "
+                              "(remote-write mode), for vector_component_errors_total",
+                              'component_id="argus_scrape"')
 
 
 @dataclass(frozen=True)
@@ -54,8 +66,11 @@ class RulesConfig:
     """Everything the generated rules, alerts, tests and Alertmanager routing depend on."""
 
     selectors: Selectors = field(default_factory=Selectors)
-    axes: tuple[str, ...] = _doc("parallel axes compared at L2 (drop the ones you never use: "
-                                 "each costs a join over every rank's phases)", AXES)
+    axes: tuple[str, ...] = _doc("parallel axes whose compute phases the rules compare in "
+                                 "groups of 3+ (of dp, tp, ep; pp, pairs and collectives are "
+                                 "the scorer's). Drop the ones whose groups are pairs in your "
+                                 "jobs: each costs three passes over every rank's phases",
+                                 PROMQL_AXES)
     runbook_url: str = _doc("where the README's runbook lives (each alert links to its "
                             "section); point it at your copy",
                             "https://github.com/argus-failslow/argus/blob/main/README.md")
@@ -71,10 +86,17 @@ class RulesConfig:
     rate_window: float = _duration("window of the per-rank mean step time from counters", 120)
     regression_recent: float = _duration("L1 regression: the recent window (median of the "
                                          "iteration time)", 600)
-    regression_baseline: float = _duration("L1 regression: the baseline window, just before "
-                                           "the recent one", 3600)
+    regression_baseline: float = _duration("L1 regression: the baseline is the job's best pace "
+                                           "(lowest recent-window median) within this long "
+                                           "before the recent window, so a lasting slowdown "
+                                           "never becomes its own baseline", 6 * 3600)
     host_window: float = _duration("ArgusHostStall: window over which a rank's extra host "
                                    "time is summed", 120)
+    silent_window: float = _duration("a rank or processor whose series stopped within this "
+                                     "long is reported down (remote-write mode has no `up`; "
+                                     "older ones are forgotten: a job that shrank). More than "
+                                     "Prometheus's 5m lookback plus the `for`; not scaled",
+                                     3600, scaled=False)
     scorer_stale_after: float = _duration("the scorer is stale when its last good round is "
                                           "older than this", 300)
 
@@ -92,10 +114,15 @@ class RulesConfig:
                                     _L1.attribution_share)
     l2_min_ratio: float = _doc("L2: a rank's phase time over its group's median",
                                _L2.min_ratio)
-    l2_z: float = _doc("L2: robust z, (time - median) / max(1.4826 MAD, floor x median)",
-                       _L2.z_threshold)
-    l2_scale_floor: float = _doc("L2: the spread is never taken below this share of the "
-                                 "median (identical peers)", _L2.scale_floor)
+    l2_alpha: float = _doc("L2: expected falsely flagged statistics per job; the z threshold "
+                           "is Phi^-1(1 - l2_alpha / N), N = every statistic the job has",
+                           _L2.alpha)
+    l2_z: float = _doc("L2: the z threshold is never below this (small jobs); z = ln(time / "
+                       "group median) / max(1.4826 MAD, l2_scale_floor)", _L2.z_threshold)
+    l2_scale_floor: float = _doc("L2: the spread of ln(time / group median) is never taken "
+                                 "below this (identical peers)", _L2.scale_floor)
+    l2_min_pool: int = _doc("L2: the MAD pooled over an axis's ranks is used from this many "
+                            "ranks on", _L2.min_pool)
     processor_reject_ratio: float = _doc("share of records the processor may reject before "
                                          "ArgusProcessorRejectingRecords", 0.01)
 
@@ -107,7 +134,8 @@ class RulesConfig:
                                   180)
     for_host: float = _duration("ArgusHostStall (a stall is brief by nature)", 0)
     for_exporter_down: float = _duration("ArgusExporterDown", 300)
-    for_component_down: float = _duration("ArgusProcessorDown and ArgusScorerStale", 120)
+    for_component_down: float = _duration("ArgusProcessorDown, ArgusScorerStale and "
+                                          "ArgusVectorScrapeFailing", 120)
     for_pipeline: float = _duration("exporter drops, processor rejections and upload failures",
                                     600)
 
@@ -119,11 +147,12 @@ class RulesConfig:
                             "http://127.0.0.1:9095/alerts")
 
     def scaled(self, factor: float) -> RulesConfig:
-        """The same rules running ``factor`` times faster: every duration divided by it."""
+        """The same rules running ``factor`` times faster: every duration divided by it (but
+        ``silent_window``: Prometheus's lookback it must exceed does not scale)."""
         if factor <= 0:
             raise ValueError(f"time scale must be > 0, got {factor}")
         changes = {f.name: getattr(self, f.name) / factor for f in dataclasses.fields(self)
-                   if f.metadata.get("duration")}
+                   if f.metadata.get("duration") and f.metadata.get("scaled")}
         return dataclasses.replace(self, **changes)
 
     @property
@@ -191,12 +220,18 @@ def override(config: RulesConfig, data: dict, origin: str = "config") -> RulesCo
             changes[key] = _selectors(config.selectors, value, origin)
         elif key == "axes":
             axes = tuple(value) if isinstance(value, (list, tuple)) else ()
-            if not axes or any(a not in AXES for a in axes):
-                raise ValueError(f"{origin}: axes: expected a list of {', '.join(AXES)}")
+            if not axes or any(a not in PROMQL_AXES for a in axes):
+                raise ValueError(f"{origin}: axes: expected a list of {', '.join(PROMQL_AXES)}"
+                                 f" (pp, pairs and collectives are judged by the scorer)")
             changes[key] = axes
         else:
             changes[key] = _value(known[key], value, origin)
-    return dataclasses.replace(config, **changes)
+    config = dataclasses.replace(config, **changes)
+    if config.silent_window <= LOOKBACK_S:
+        raise ValueError(f"{origin}: silent_window: must be longer than Prometheus's "
+                         f"{format_duration(LOOKBACK_S)} lookback, got "
+                         f"{format_duration(config.silent_window)}")
+    return config
 
 
 def _selectors(current: Selectors, value, origin: str) -> Selectors:

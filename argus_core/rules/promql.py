@@ -27,6 +27,11 @@ def axis_phases(axis: str) -> str:
     return f'phase=~"{axis}-.*"'
 
 
+def all_axis_phases() -> str:
+    """Matcher for every axis's collectives (``{axis}-...``)."""
+    return f'phase=~"({"|".join(AXES)})-.*"'
+
+
 def other_axes(axis: str) -> list[str]:
     """The coordinates that define an ``axis`` group: all axes but ``axis``."""
     return [a for a in AXES if a != axis]
@@ -35,3 +40,8 @@ def other_axes(axis: str) -> list[str]:
 def group_labels(axis: str, *extra: str) -> str:
     """``job, phase, <other axes>``: the labels that identify a rank's ``axis`` group."""
     return ", ".join(["job", *extra, *other_axes(axis)])
+
+
+def indent(text: str) -> str:
+    """``text`` with every line indented by two spaces (nested PromQL stays readable)."""
+    return "\n".join("  " + line for line in text.splitlines())

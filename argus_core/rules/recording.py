@@ -1,11 +1,13 @@
-"""Recording rules: L1 (the job's iteration time), L2 (group medians and spreads per axis) and
-pipeline health, named ``level:metric:operations``.
+"""Recording rules: L1 (the job's iteration time), L2 (group medians, pooled spreads and the
+family-wise threshold) and pipeline health, named ``level:metric:operations``.
 
-Only small results are recorded: per job, per axis group, per instance. Per-rank ratios and z
-scores are computed where they are used (the alert expressions and dashboards), after a
-comparison has already cut the 10,000-rank vectors down to the few ranks that stand out.
+Only small results are recorded: per job, per axis group, per instance. Per-rank ratios are
+computed where they are used (the alert expressions and dashboards), after a comparison
+with a small recorded threshold has already cut the 10,000-rank vectors down to the ranks
+that stand out.
 
-What the rules compute is the core's statistics (argus_core.detect) where PromQL can express
+What the rules compute is the core's statistics (argus_core.detect), with its thresholds
+(``RulesConfig`` reads them from ``L1Config`` and ``L2Config``), where PromQL can express
 them, and the closest causal equivalent where it cannot:
 
 - L1 iteration time is the slowest rank's: ``max by (job)`` of each rank's mean step time
@@ -16,32 +18,43 @@ them, and the closest causal equivalent where it cannot:
   by the steps since the previous scrape still being slow (above ``spike_guard``, halfway to
   the spike ratio): only the ``settled_ratio`` counts. Warm-up steps are excluded the way
   the core excludes them: a rank is judged once its window holds none of them.
-- L1 regression: the core finds change points over the whole series (binary segmentation);
-  the rules compare the median iteration time of a recent window with the one before it.
-- L2: a rank's phase time (the median of its last steps, as the core takes the median of the
-  steady steps) against its axis group: ``median`` over the group, MAD spread with the core's
-  2% floor, and a threshold ``max(min_ratio x median, median + z x scale)`` per group.
-  Differences from the core, by construction: the core divides by the median of the *other*
-  members (PromQL has no leave-one-out), which moves ratios near the threshold only; groups of
-  two are never flagged here (with the median of two the robust z cannot exceed 0.68), while
-  the core flags a pair member when its partner is seen waiting for it; and the core's
-  family-wise corrections are not applied. The scorer (``argus score``) runs the core's own
-  L2 on the same phase medians and exports what PromQL cannot: ``argus_verdict`` per rank and
-  ``argus_rank_wait_seconds`` (waiting measured from arrival skew).
-- Waiting inside a collective is never read as slowness: the compute comparison uses compute
-  phases only; a collective phase is judged per group by the group's *shortest* time (its last
-  arriver's), against the other groups of the axis, as the core does.
+- L1 regression: the core finds change points over the whole run (binary segmentation); the
+  rules compare the median iteration time of the recent window with the job's best pace
+  (the lowest such median) over the ``regression_baseline`` before it, so a slowdown that
+  lasts never becomes its own baseline.
+- L2, compute phases, on the axes in ``axes`` (dp, tp, ep), groups of three or more: the
+  core's statistic for a metrics snapshot (``detect/l2.py``, a single "step" of per-rank
+  medians): ``s = ln(time / group median)`` with each rank's median of its last steps,
+  ``sigma = max(1.4826 MAD, scale_floor)`` with the MAD pooled over every rank compared on
+  the axis (used from ``l2_min_pool`` ranks on), and a rank is flagged when
+  ``s >= max(ln(min_ratio), z_family x sigma)``, ``z_family = max(l2_z, Phi^-1(1 - alpha /
+  N))``. N, every statistic the core judges in the job (compute phases of every rank in
+  groups of two or more on every axis, each axis's collectives of ranks in groups of three or
+  more, and each axis's groups when there are three or more), is counted with ``count()``;
+  Phi^-1 is Acklam's rational approximation (relative error 1e-9 below alpha/N = 0.024).
+  Differences by construction: the core takes the median over steps of per-step ratios
+  (the rules the ratio of per-rank medians over the rolling window), widens the floor by
+  each rank's own step-to-step noise (the rules see no per-step values; the pooled MAD
+  covers the ranks' spread), takes the MAD around the statistics' median (the rules around
+  0, which that median is up to sampling error: every group's median is subtracted), finds
+  each rank's onset (the rules' rolling window is itself "the last steps": a slowdown counts
+  once it fills half the window), and counts N for pipeline stages split by likeness.
+- Everything else of L2 is the scorer's (``argus score``, ``argus_core.score.core_adapter``),
+  which runs the core's own L2 on the same phase medians and publishes the findings as
+  ``argus_phase_straggler_ratio{kind}``: pairs (PromQL has no "the partner waits for it"),
+  the pipeline axis (which stages are alike comes from the kernels the processors see),
+  and every collective comparison (waiting measured from arrival skew needs the phases in
+  step order, ``argus_phase_order_info``; the scorer also publishes it per rank as
+  ``argus_rank_wait_seconds``). The alerts take the union.
 """
 
 from __future__ import annotations
 
+import math
+
 from argus_core.rules.config import RulesConfig, format_duration
-from argus_core.rules.promql import (
-    axis_phases,
-    compute_phases,
-    group_labels,
-    select,
-)
+from argus_core.rules.promql import all_axis_phases, compute_phases, group_labels, indent, select
+from argus_core.schema import AXES
 from argus_core.stats.robust import MAD_TO_SIGMA
 
 STAT_MAX = 'stat="max"'
@@ -50,8 +63,8 @@ STAT_MEDIAN = 'stat="median"'
 
 def recording_groups(config: RulesConfig) -> list[dict]:
     """Every recording-rule group."""
-    return [l1_group(config), l1_trend_group(config),
-            *(l2_group(config, axis) for axis in config.axes), pipeline_group(config)]
+    return [l1_group(config), l1_trend_group(config), l2_group(config),
+            pipeline_group(config)]
 
 
 def _group(name: str, interval: float, rules: list[dict]) -> dict:
@@ -112,8 +125,9 @@ def l1_group(config: RulesConfig) -> dict:
 
 
 def l1_trend_group(config: RulesConfig) -> dict:
-    """Every ``slow_interval``: the job's mean iteration time from the counters and the
-    regression ratio of its medians over minutes (a finer refresh would change nothing)."""
+    """Every ``slow_interval``: the job's mean iteration time from the counters, its median
+    over the recent window, the best such median before it, and their ratio (a finer refresh
+    would change nothing)."""
     sel = config.selectors.exporters
     rate = format_duration(config.rate_window)
     steps, seconds = (select("argus_steps_total", sel),
@@ -124,8 +138,11 @@ def l1_trend_group(config: RulesConfig) -> dict:
         _record("job:argus_iteration_seconds:recent_median",
                 "quantile_over_time(0.5, job:argus_iteration_seconds:max_rate"
                 f"[{format_duration(config.regression_recent)}])"),
+        # The job's best pace before the recent window: the lowest recent median. A
+        # slowdown that lasts never becomes its own baseline (a median over the hour before
+        # would absorb it after half an hour and page "resolved" while the job is slow).
         _record("job:argus_iteration_seconds:baseline_median",
-                "quantile_over_time(0.5, job:argus_iteration_seconds:max_rate"
+                "min_over_time(job:argus_iteration_seconds:recent_median"
                 f"[{format_duration(config.regression_baseline)}] offset "
                 f"{format_duration(config.regression_recent)})"),
         _record("job:argus_iteration_regression:ratio",
@@ -134,50 +151,124 @@ def l1_trend_group(config: RulesConfig) -> dict:
     ])
 
 
-def l2_group(config: RulesConfig, axis: str) -> dict:
-    """Per ``axis`` group, every ``slow_interval`` (the phase medians cover the last 32 steps):
-    the compute phases' median, robust spread and straggler threshold; per collective of the
-    axis, each group's shortest time and its median, spread and threshold across groups.
+def l2_group(config: RulesConfig) -> dict:
+    """Every ``slow_interval`` (the phase medians cover the last 32 steps), in order: each
+    axis's group sizes, then per compared axis the groups' medians, the family-wise z over
+    everything the job judges, and per compared axis the pooled spread and the threshold.
 
-    Cost: two passes over every rank's compute phases (median, then the spread around it) and
-    small reads of the group series; the alert adds one pass."""
+    Cost: per compared axis two passes over every rank's compute-phase medians (the median,
+    then the spread around it) and the alert one more; one pass over the collectives'
+    medians and one over the step counters per axis to count what is judged."""
     sel = config.selectors.exporters
     phases = select("argus_phase_window_seconds", STAT_MEDIAN, compute_phases(), sel)
-    comm = select("argus_phase_window_seconds", STAT_MEDIAN, axis_phases(axis), sel)
-    group = group_labels(axis, "phase")
-    on_axis = f'{{axis="{axis}"}}'
-    rules = [
-        _record("axis_group:argus_phase_seconds:median",
-                f"quantile by ({group}) (0.5, {phases})", axis=axis),
-        *_spread_and_threshold("axis_group:argus_phase_seconds", group, phases, on_axis, axis,
-                               config),
-        _record("axis_group:argus_collective_seconds:min",
-                f"min by ({group}) ({comm})", axis=axis),
-        _record("job_phase:argus_collective_group_min_seconds:median",
-                f"quantile by (job, phase) (0.5, axis_group:argus_collective_seconds:min"
-                f"{on_axis})", axis=axis),
-        *_spread_and_threshold("job_phase:argus_collective_group_min_seconds", "job, phase",
-                               f"axis_group:argus_collective_seconds:min{on_axis}", on_axis,
-                               axis, config),
+    steps = select("argus_steps_total", sel)
+    rules = [_record("axis_group:argus_ranks:count", f"count by ({group_labels(axis)}) ({steps})",
+                     axis=axis) for axis in AXES]
+    for axis in config.axes:
+        rules.append(_record(
+            "axis_group:argus_phase_seconds:median",
+            f"quantile by ({group_labels(axis, 'phase')}) (0.5, {phases})\n"
+            f"and on ({group_labels(axis)})\n"
+            f"axis_group:argus_ranks:count{on_axis(axis)} >= 3", axis=axis))
+    rules += family_rules(config)
+    for axis in config.axes:
+        rules += spread_rules(config, axis, phases)
+    return _group("argus.l2", config.slow_interval, rules)
+
+
+def on_axis(axis: str) -> str:
+    """The matcher of one axis's recorded series."""
+    return f'{{axis="{axis}"}}'
+
+
+def family_rules(config: RulesConfig) -> list[dict]:
+    """N, the number of statistics the core's L2 judges in the job, and the family-wise z.
+
+    Per axis: compute phases of ranks in groups of two or more, the axis's own collectives
+    (``{axis}-*``) of ranks in groups of three or more, and one statistic per group and
+    collective when the axis has three groups or more (and more than one position)."""
+    sel = config.selectors.exporters
+    collectives = select("argus_phase_window_seconds", STAT_MEDIAN, all_axis_phases(), sel)
+    parts = []
+    for axis in AXES:
+        sizes = f"axis_group:argus_ranks:count{on_axis(axis)}"
+        own = f"job_axis:argus_collective_phases:count{on_axis(axis)}"
+        parts += [
+            (f"{axis}_compute", f"sum by (job) ({sizes} >= 2)\n"
+                                f"  * on (job) job:argus_compute_phases:count"),
+            (f"{axis}_collectives", f"sum by (job) ({sizes} >= 3)\n"
+                                    f"  * on (job) group_left {own}"),
+            (f"{axis}_groups", f"(count by (job) ({sizes}) >= 3)\n"
+                               f"  * on (job) group_left {own}\n"
+                               f"  and on (job) max by (job) ({sizes}) >= 2"),
+        ]
+    alpha_over_n = f"{config.l2_alpha!r} / job:argus_l2_tests:count"
+    return [
+        _record("job:argus_compute_phases:count",
+                "count by (job) (count by (job, phase) (axis_group:argus_phase_seconds:median))"),
+        _record("job_axis:argus_collective_phases:count",
+                'count by (job, axis) (label_replace(\n'
+                f"  count by (job, phase) ({collectives}),\n"
+                f'  "axis", "$1", "phase", "({"|".join(AXES)})-.*"\n))'),
+        _record("job:argus_l2_tests:count", _sum("job", *parts)),
+        _record("job:argus_l2_z:family",
+                f"clamp_min(\n{indent(normal_upper_quantile(alpha_over_n))},\n"
+                f"  {config.l2_z!r}\n)"),
     ]
-    return _group(f"argus.l2.{axis}", config.slow_interval, rules)
 
 
-def _spread_and_threshold(prefix: str, by: str, values: str, on_axis: str, axis: str,
-                          config: RulesConfig) -> list[dict]:
-    """``scale = max(1.4826 MAD, floor x median)`` (the core's robust spread, never below 2%
-    of the median) and ``threshold = median + max((min_ratio - 1) x median, z x scale)``: a
-    value above the threshold passes both of the core's tests, ratio and robust z."""
-    median = f"{prefix}:median{on_axis}"
-    scale = f"{prefix}:scale{on_axis}"
-    mad = (f"quantile by ({by}) (0.5, abs(\n    {values}\n    - on ({by}) group_left\n"
-           f"    {median}\n  ))")
-    spread = _max(by, ("mad", f"{MAD_TO_SIGMA} * {mad}"),
-                  ("floor", f"{config.l2_scale_floor} * {median}"))
-    margin = _max(by, ("ratio", f"{config.l2_min_ratio - 1:g} * {median}"),
-                  ("z", f"{config.l2_z} * {scale}"))
-    return [_record(f"{prefix}:scale", spread, axis=axis),
-            _record(f"{prefix}:threshold", f"{median}\n+ on ({by})\n{margin}", axis=axis)]
+# Acklam's inverse normal CDF, lower tail (p < 0.02425): x = C(q) / D(q), q = sqrt(-2 ln p).
+_ACKLAM_C = (-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00,
+             -2.549732539343734e+00, 4.374664141464968e+00, 2.938163982698783e+00)
+_ACKLAM_D = (7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00,
+             3.754408661907416e+00, 1.0)
+
+
+def normal_upper_quantile(p: str) -> str:
+    """PromQL for Phi^-1(1 - p) of a vector ``p`` (Acklam's rational approximation of the
+    lower tail, negated: relative error below 1.2e-9 for p < 0.02425, where every
+    family-wise level of a job lies; PromQL has no inverse normal)."""
+    q = f"sqrt(-2 * ln({p}))"
+
+    def horner(coefficients: tuple[float, ...]) -> str:
+        text = f"{coefficients[0]!r}"
+        for c in coefficients[1:]:
+            text = f"({text}) * {q} + {c!r}"
+        return text
+
+    return f"-(\n  {horner(_ACKLAM_C)}\n)\n/ (\n  {horner(_ACKLAM_D)}\n)"
+
+
+def spread_rules(config: RulesConfig, axis: str, phases: str) -> list[dict]:
+    """The pooled spread of ``ln(time / group median)`` over the axis's ranks (per job and
+    phase) and each group's threshold: ``median x exp(max(ln(min_ratio), z_family x
+    sigma))``, so that a rank above it passes both of the core's tests."""
+    group = group_labels(axis, "phase")
+    median = f"axis_group:argus_phase_seconds:median{on_axis(axis)}"
+    pooled = f"sum by (job) (axis_group:argus_ranks:count{on_axis(axis)} >= 3)"
+    mad = (f"quantile by (job, phase) (0.5, abs(\n    ln({phases})\n"
+           f"    - on ({group}) group_left\n    ln({median})\n  ))\n"
+           f"  and on (job) {pooled} >= {config.l2_min_pool}")
+    scale = f"job_phase:argus_phase_log_ratio:scale{on_axis(axis)}"
+    margin = (f"clamp_min(\n  {scale}\n  * on (job) group_left job:argus_l2_z:family,\n"
+              f"  {math.log(config.l2_min_ratio)!r}\n)")
+    return [
+        _record("job_phase:argus_phase_log_ratio:scale",
+                _max("job, phase", ("mad", f"{MAD_TO_SIGMA} * {mad}"),
+                     ("floor", f"{config.l2_scale_floor!r} + 0 * max by (job, phase) "
+                               f"({median})")), axis=axis),
+        _record("axis_group:argus_phase_seconds:threshold",
+                f"{median}\n* on (job, phase) group_left\nexp(\n{indent(margin)}\n)",
+                axis=axis),
+    ]
+
+
+def _sum(by: str, *parts: tuple[str, str]) -> str:
+    """Sum of vectors with the same labels where a missing one counts as nothing (``+``
+    would drop the job): tag each with its own ``part`` label and ``sum by`` the rest."""
+    tagged = [f'label_replace(\n{indent(expr)},\n  "part", "{tag}", "", "")'
+              for tag, expr in parts]
+    return f"sum by ({by}) (\n" + indent("\nor\n".join(tagged)) + "\n)"
 
 
 def pipeline_group(config: RulesConfig) -> dict:

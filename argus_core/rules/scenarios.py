@@ -2,14 +2,29 @@
 
 A scenario is one simulated job. Its records go two ways: through the core (``diagnose``), and
 through the exporters' own metrics code (``StepMetrics``, sampled at every evaluation as a
-scrape would see it) into a promtool test file whose input series are those samples. The
-test's expectations are the core's L1/L2 findings, written as "these alerts fired at some
-point, for exactly these jobs, ranks and phases". ``promtool test rules`` passing means the
-rules and the core agree on that data; a failure prints both sides.
+scrape would see it) into a promtool test file whose input series are those samples, plus the
+scorer's L2 series (``argus_phase_straggler_ratio``: the scorer's own code, ``judge_phases``
+and ``beyond_promql``, run on those samples at every scorer round, as it would read them from
+Prometheus). The test's expectations are the core's L1/L2 findings, written as "these alerts
+fired at some point, for exactly these jobs, ranks and phases". ``promtool test rules``
+passing means the rules and the scorer agree with the core on that data; a failure prints
+both sides.
+
+The core judges the records the exporters' metrics are made of (rank and step records), not
+the kernels: their start times tell ``argus diagnose`` whether a rank's host time (wall - GPU)
+came before its step (a stall its peers wait for) or after it (slack, having finished early),
+and no metric carries that. Where it decides (a link slow for one rank only, its peers idle
+after the step: ``link:...:local=1``), the alerts see what the core sees without kernels: a
+rank waiting in its collective, and only ``argus diagnose`` on the trace finds the link.
 
 Simulated steps last ~0.16 s while production assumes a 15 s scrape over steps of a few
 seconds; the rules are therefore run ``time_scale`` times faster (``RulesConfig.scaled``) so
 that an evaluation sees a few steps, as in production.
+
+A finding of the core that moves when its thresholds move a little (``margins``) is
+borderline: two estimators of the same statistic (medians of per-step ratios over the whole
+run, ratios of rolling-window medians) may then legitimately decide differently, and
+``Expected.borderline`` says so.
 """
 
 from __future__ import annotations
@@ -29,7 +44,9 @@ from argus_core.simulate.model import SimConfig, simulate
 SCENARIO_TIME_SCALE = 25.0  # 15 s evaluations become 0.6 s: ~4 simulated steps each
 EXPORTED = ("argus_steps_total", "argus_step_seconds_total", "argus_step_gpu_seconds_total",
             "argus_phase_seconds_total", "argus_step_window_seconds",
-            "argus_phase_window_seconds")
+            "argus_phase_window_seconds", "argus_phase_order_info")
+# The records the exporters' metrics are made of: the core judges the same information.
+METRICS_SOURCE = ("rank", "step")
 
 
 def stretched(case: Case, factor: int, seed: int = 0) -> SimConfig:
@@ -85,33 +102,52 @@ class Expected:
     borderline: list[str] = dataclasses.field(default_factory=list)
 
 
-def core_expectation(trace, event_step: int, rules: RulesConfig) -> Expected:
-    """The core's L1/L2 findings on a trace, mapped to the alerts that should fire, and the
-    statistics that sit too close to a threshold to expect two estimators to agree."""
-    from argus_core.detect.diagnose import diagnose
-    from argus_core.taxonomy import is_comm_phase
+def _findings(found, rules: RulesConfig) -> tuple:
+    """The alerts a diagnosis implies: (spike, regression, host stalls, compute stragglers,
+    slow collectives)."""
+    return (bool(found.l1.spikes), bool(found.l1.regressions),
+            frozenset(c.rank for c in found.l1.culprits if c.cause == "host"),
+            frozenset((f.rank, f.phase) for f in found.l2.findings if f.kind == "compute"),
+            frozenset((f.rank, f.phase) for f in found.l2.findings
+                      if f.kind == "communication"))
 
-    found = diagnose(trace)
+
+def margins(lax: bool):
+    """The core's thresholds moved by the margin within which two estimators of the same
+    statistic may decide differently (``lax``: towards flagging more)."""
+    from argus_core.detect.diagnose import DiagnoseConfig
+
+    sign = -1 if lax else 1
+    base = DiagnoseConfig()
+    l1, l2 = base.l1, base.l2
+    return dataclasses.replace(base, l1=dataclasses.replace(
+        l1, spike_ratio=l1.spike_ratio + sign * 0.15,
+        min_regression=l1.min_regression + sign * 0.04,
+        attribution_share=l1.attribution_share + sign * 0.15),
+        l2=dataclasses.replace(l2, min_ratio=l2.min_ratio + sign * 0.04,
+                               z_threshold=l2.z_threshold * (1 + sign * 0.25),
+                               alpha=l2.alpha * (30.0 ** -sign)))
+
+
+def core_expectation(trace, rules: RulesConfig) -> Expected:
+    """The core's L1/L2 findings on a trace, mapped to the alerts that should fire, and
+    whether they are borderline: found differently with every threshold moved by its
+    margin one way or the other."""
+    from argus_core.detect.diagnose import diagnose
+
+    spike, regression, hosts, stragglers, links = _findings(diagnose(trace), rules)
     borderline = []
-    steps, iteration = found.l1.steps, found.l1.iteration_s
-    before = iteration[(steps >= rules.warmup_steps) & (steps < event_step)]
-    after = iteration[steps > event_step + 2]
-    if event_step and len(before) and len(after):
-        shift = float(np.median(after) / np.median(before))
-        if rules.min_regression - 0.05 <= shift <= rules.min_regression + 0.1:
-            borderline.append(f"iteration time shifted {shift:.3f}x")
-    if found.l2.ratios is not None:
-        compute = [not is_comm_phase(n) for n in found.matrix.phase_names]
-        ratios = found.l2.ratios[:, compute]
-        near = (ratios >= rules.l2_min_ratio - 0.1) & (ratios <= rules.l2_min_ratio + 0.15)
-        if near.any():
-            borderline.append(f"{int(near.sum())} L2 ratio(s) near {rules.l2_min_ratio}")
-    return Expected(
-        spike=bool(found.l1.spikes), regression=bool(found.l1.regressions),
-        host_stalls={c.rank for c in found.l1.culprits if c.cause == "host"},
-        stragglers={(f.rank, f.phase) for f in found.l2.findings if f.kind == "compute"},
-        links={(f.rank, f.phase) for f in found.l2.findings if f.kind == "communication"},
-        borderline=borderline)
+    for lax in (False, True):
+        moved = _findings(diagnose(trace, margins(lax)), rules)
+        if moved != (spike, regression, hosts, stragglers, links):
+            names = ("spike", "regression", "host stalls", "stragglers", "links")
+            changed = [f"{n} {sorted(a) if isinstance(a, frozenset) else a} -> "
+                       f"{sorted(b) if isinstance(b, frozenset) else b}"
+                       for n, a, b in zip(names, (spike, regression, hosts, stragglers, links),
+                                          moved, strict=True) if a != b]
+            borderline.append(f"{'lax' if lax else 'strict'} thresholds: {'; '.join(changed)}")
+    return Expected(spike=spike, regression=regression, host_stalls=set(hosts),
+                    stragglers=set(stragglers), links=set(links), borderline=borderline)
 
 
 def scrape_series(records: list[tuple[int, dict]], interval_s: float,
@@ -161,6 +197,53 @@ def scrape_series(records: list[tuple[int, dict]], interval_s: float,
     return list(series.values()), samples * interval_s
 
 
+def scorer_series(series: list[Series], rules: RulesConfig) -> list[Series]:
+    """What the scorer publishes for L2 (``argus_phase_straggler_ratio``) at each of its
+    rounds, computed by its own code on the exporters' series as Prometheus would answer its
+    queries then, and scraped until the next round (a finding that ends gets a staleness
+    marker, as a scrape of the scorer's ``/metrics`` would give it)."""
+    from argus_core.detect.l2 import L2Config
+    from argus_core.score.core_adapter import beyond_promql, judge_phases
+    from argus_core.score.snapshot import phase_table
+    from argus_core.taxonomy import is_comm_phase
+
+    wanted = {("argus_phase_window_seconds", "median"), ("argus_phase_window_seconds", "min"),
+              ("argus_step_window_seconds", "median"), ("argus_phase_order_info", None)}
+    inputs = [s for s in series if (s.name, s.labels.get("stat")) in wanted]
+    samples = len(series[0].values) if series else 0
+    # The scorer's round is the processors' window, 1 m in production like ``slow_interval``.
+    every = max(1, round(rules.slow_interval / rules.evaluation_interval))
+    out: dict[tuple, Series] = {}
+    for k in range(0, samples, every):
+        def answer(name: str, stat: str | None, k=k) -> list[dict]:
+            return [{"metric": s.labels, "value": [0, repr(s.values[k])]} for s in inputs
+                    if s.name == name and s.labels.get("stat") == stat
+                    and s.values[k] is not None]
+
+        table = phase_table(answer("argus_phase_window_seconds", "median"),
+                            answer("argus_step_window_seconds", "median"),
+                            answer("argus_phase_order_info", None),
+                            [m for m in answer("argus_phase_window_seconds", "min")
+                             if is_comm_phase(m["metric"]["phase"])])
+        found = {}
+        if table is not None and len(table.ranks) >= 2:
+            job = inputs[0].labels["job"]
+            for f in beyond_promql(judge_phases(table, L2Config()), table):
+                labels = {"job": job, "rank": str(f.rank), **f.labels, "phase": f.phase,
+                          "axis": f.axis, "kind": f.kind}
+                found[tuple(sorted(labels.items()))] = (labels, round(f.ratio, 9))
+        for key, (labels, ratio) in found.items():
+            entry = out.get(key)
+            if entry is None:
+                entry = out[key] = Series("argus_phase_straggler_ratio", labels,
+                                          [None] * samples)
+            entry.values[k:k + every] = [ratio] * len(entry.values[k:k + every])
+        for key, entry in out.items():
+            if key not in found and k and entry.values[k - 1] not in (None, "stale"):
+                entry.values[k] = "stale"
+    return list(out.values())
+
+
 def scenario_test(config: SimConfig, rules: RulesConfig, rule_files: list[str],
                   group_order: list[str]) -> tuple[dict, Expected]:
     """A promtool test document for one simulated job, expecting the core's findings."""
@@ -170,10 +253,12 @@ def scenario_test(config: SimConfig, rules: RulesConfig, rule_files: list[str],
     records = scenario_records(config, rules)
     builder = TraceBuilder()
     for _, record in records:
-        builder.add(parse_record(record))
-    expected = core_expectation(builder.finish()[config.job], last_event_step(config), rules)
+        if record["kind"] in METRICS_SOURCE:
+            builder.add(parse_record(record))
+    expected = core_expectation(builder.finish()[config.job], rules)
     series, length = scrape_series(records, rules.evaluation_interval,
                                    rules.exporter_window_steps)
+    series += scorer_series(series, rules)
     end = format_duration(np.floor(length / rules.evaluation_interval)
                           * rules.evaluation_interval)
     everything = format_duration(length + rules.evaluation_interval)

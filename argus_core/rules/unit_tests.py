@@ -10,9 +10,10 @@ tests that still hold.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
-from argus_core.rules.config import RulesConfig, format_duration
+from argus_core.rules.config import LOOKBACK_S, RulesConfig, format_duration
 from argus_core.rules.recording import recording_groups
 from argus_core.stats.robust import MAD_TO_SIGMA
 
@@ -26,7 +27,7 @@ class Series:
 
     name: str
     labels: dict[str, str]
-    values: list[float | None] = field(default_factory=list)
+    values: list[float | str | None] = field(default_factory=list)  # "stale": a marker
 
     def document(self) -> dict:
         """The promtool ``input_series`` entry."""
@@ -34,16 +35,18 @@ class Series:
         return {"series": f"{self.name}{{{inner}}}", "values": values_text(self.values)}
 
 
-def values_text(values: list[float | None]) -> str:
-    """promtool's value list: runs of one value as ``vxN``, missing samples as ``_``."""
+def values_text(values: list[float | str | None]) -> str:
+    """promtool's value list: runs of one value as ``vxN``, missing samples as ``_``,
+    staleness markers as ``stale``."""
     parts: list[str] = []
     i = 0
     while i < len(values):
         j = i
         while j + 1 < len(values) and values[j + 1] == values[i]:
             j += 1
-        text = "_" if values[i] is None else _num(values[i])
-        if j > i and values[i] is not None:
+        text = ("_" if values[i] is None else values[i] if isinstance(values[i], str)
+                else _num(values[i]))
+        if j > i and values[i] is not None and not isinstance(values[i], str):
             parts.append(f"{text}x{j - i}")
         else:
             parts.extend([text] * (j - i + 1))
@@ -74,23 +77,19 @@ def quantile(q: float, values: list[float]) -> float:
     return ordered[lower] * (1 - weight) + ordered[upper] * weight
 
 
-def group_statistics(values: list[float], config: RulesConfig) -> dict[str, float]:
-    """The recorded median, scale and threshold of one group, as the rules compute them."""
-    median = quantile(0.5, values)
-    mad = quantile(0.5, [abs(v - median) for v in values])
-    scale = max(MAD_TO_SIGMA * mad, config.l2_scale_floor * median)
-    margin = max(float(f"{config.l2_min_ratio - 1:g}") * median, config.l2_z * scale)
-    return {"median": median, "scale": scale, "threshold": median + margin}
-
-
 def _alert_labels(config: RulesConfig, rule: dict, **labels: str) -> dict[str, str]:
     return {**labels, **rule["labels"]}
 
 
+_IF = re.compile(r"\{\{ if (\S+) \}\}(.*?)\{\{ else \}\}(.*?)\{\{ end \}\}")
+
+
 def _annotations(rule: dict, **values: str) -> dict[str, str]:
-    """The rule's annotations with its templates filled in by hand (exact text)."""
+    """The rule's annotations with its templates filled in by hand (exact text); an ``{{ if
+    $labels.x }}`` takes its first branch when ``$labels.x`` is given."""
     out = {}
     for key, text in rule["annotations"].items():
+        text = _IF.sub(lambda m: m.group(2) if values.get(m.group(1)) else m.group(3), text)
         for name, value in values.items():
             text = text.replace("{{ " + name + " }}", value)
         out[key] = text
@@ -226,26 +225,36 @@ def l1_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
                                    "$value | humanizeDuration": _humanize_duration(spike_s)}))]),
                        ]))
 
+    tests.append(regression_test(config, groups))
+    return tests
+
+
+def regression_test(config: RulesConfig, groups: list[dict]) -> dict:
+    """A slowdown that lasts: the alert fires once the recent median flips and keeps firing
+    more than an hour later (a baseline that absorbed the slowdown would let it resolve)."""
     rule = _rule(groups, "ArgusIterationRegression")
-    recent = round(config.regression_recent / config.evaluation_interval)
-    onset = round(config.regression_baseline / config.evaluation_interval) // 2
-    length = onset + recent + _for_intervals(config, config.for_regression) + 2
-    base = 2.0
-    factor = 1.5
+    interval = config.evaluation_interval
+    recent = round(config.regression_recent / interval)
+    onset = 2 * recent + 2  # a baseline of full recent windows before the onset
+    # Longer than an hour (where a median over the hour before had absorbed it), within the
+    # baseline window (past it, the slower pace is the job's own).
+    lasting = round(min(max(75 * 60, config.regression_recent * 7.5),
+                        0.9 * config.regression_baseline) / interval)
+    length = onset + lasting + 2
+    base, factor = 2.0, 1.5
     values = [base] * onset + [base * factor] * (length - onset)
     # The recent median flips once more than half of its window's samples are slow.
     flips = onset + recent // 2
-    tests.append(_test(config, "ArgusIterationRegression: recent median over the baseline's",
-                       [Series("job:argus_iteration_seconds:max_rate", {"job": "slower"},
-                               values)],
-                       alerts=_fires(config, "ArgusIterationRegression", flips,
-                                     config.for_regression,
-                                     [_expect(_alert_labels(config, rule, job="slower"),
-                                              _annotations(rule, **{
-                                                  "$labels.job": "slower",
-                                                  '$value | printf "%.2f"':
-                                                  f"{factor:.2f}"}))])))
-    return tests
+    expected = [_expect(_alert_labels(config, rule, job="slower"),
+                        _annotations(rule, **{"$labels.job": "slower",
+                                              '$value | printf "%.2f"': f"{factor:.2f}"}))]
+    return _test(config, "ArgusIterationRegression: recent median over the best before, "
+                 "still firing after the slowdown lasted",
+                 [Series("job:argus_iteration_seconds:max_rate", {"job": "slower"}, values)],
+                 alerts=[*_fires(config, "ArgusIterationRegression", flips,
+                                 config.for_regression, expected),
+                         _check(config, onset + lasting, "ArgusIterationRegression",
+                                expected)])
 
 
 def _humanize_duration(v: float) -> str:
@@ -274,26 +283,62 @@ def _humanize_duration(v: float) -> str:
     return f"{v:.4g}{prefix}s"
 
 
+def normal_upper_quantile(p: float) -> float:
+    """Phi^-1(1 - p) as the rules compute it (``recording.normal_upper_quantile``)."""
+    from argus_core.rules.recording import _ACKLAM_C, _ACKLAM_D
+
+    q = math.sqrt(-2 * math.log(p))
+
+    def horner(coefficients: tuple[float, ...]) -> float:
+        value = coefficients[0]
+        for c in coefficients[1:]:
+            value = value * q + c
+        return value
+
+    return -horner(_ACKLAM_C) / horner(_ACKLAM_D)
+
+
+def l2_margin(config: RulesConfig, tests: int, sigma: float | None = None) -> float:
+    """ln of the ratio above a group's median at which the rules flag a rank, for a job
+    judging ``tests`` statistics (``sigma``: the pooled spread, the floor when None)."""
+    z = max(config.l2_z, normal_upper_quantile(config.l2_alpha / tests))
+    return max(math.log(config.l2_min_ratio), z * max(sigma or 0.0, config.l2_scale_floor))
+
+
+def _scorer_labels(config: RulesConfig, job: str, rank: int, phase: str, axis: str,
+                   **coords: int) -> dict[str, str]:
+    """The labels of one ``argus_phase_straggler_ratio`` series."""
+    ident = rank_labels(config, job, rank, **coords)
+    ident = {k: v for k, v in ident.items() if k not in _matchers(config.selectors.exporters)}
+    return {**_matchers(config.selectors.scorer), **ident, "phase": phase, "axis": axis}
+
+
 def l2_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
-    """A compute straggler in a dp group (its peers wait in the allreduce: not stragglers),
-    a slow tp link, and a group within the threshold."""
+    """The rules' comparison (a compute straggler in a dp group of four; its peers' waiting
+    in the all-reduce is not slowness; a rank halfway to the threshold raises nothing) and
+    the scorer's findings: a pair member (ArgusStragglerRank) and a collective slow with
+    nobody arriving late (ArgusLinkDegraded)."""
     onset = 0
     samples = _for_intervals(config, config.for_straggler) + 2
     series: list[Series] = []
     base = 0.125
-    slow = base * (config.l2_min_ratio + 1)
+    # dp group of four: 4 mlp statistics and 4 dp-allreduce ones; nothing on other axes.
+    margin = l2_margin(config, tests=8)
+    slow = base * math.exp(margin) * 1.5
     for rank in range(4):
         labels = rank_labels(config, "train", rank, dp=rank)
         mlp = slow if rank == 3 else base
         wait = 0.0 if rank == 3 else slow - base
+        series.append(Series("argus_steps_total", labels, [100.0 + k for k in range(samples)]))
         series.append(Series("argus_phase_window_seconds",
                              {**labels, "phase": "mlp", "stat": "median"}, [mlp] * samples))
         series.append(Series("argus_phase_window_seconds",
                              {**labels, "phase": "dp-allreduce", "stat": "median"},
                              [0.0625 + wait] * samples))
-    near = base * (1 + (config.l2_min_ratio - 1) / 2)  # halfway to the ratio: no alert
+    near = base * math.exp(l2_margin(config, tests=4) / 2)  # halfway: no alert
     for rank in range(4):
         labels = rank_labels(config, "fine", rank, dp=rank)
+        series.append(Series("argus_steps_total", labels, [100.0 + k for k in range(samples)]))
         series.append(Series("argus_phase_window_seconds",
                              {**labels, "phase": "mlp", "stat": "median"},
                              [near if rank == 3 else base] * samples))
@@ -309,23 +354,35 @@ def l2_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
                    series, alerts=_fires(config, "ArgusStragglerRank", onset,
                                          config.for_straggler, [straggler]))]
 
-    series = []
-    slow_link = 0.03
+    pair = _scorer_labels(config, "pairs", 1, "mlp", "tp", tp=1)
+    series = [Series("argus_phase_straggler_ratio", {**pair, "kind": "compute"},
+                     [2.0] * samples)]
+    tests.append(_test(config, "ArgusStragglerRank: the scorer's pair member", series,
+                       alerts=_fires(config, "ArgusStragglerRank", onset,
+                                     config.for_straggler, [_expect(
+                                         _alert_labels(config, rule, **pair),
+                                         _annotations(rule, **{
+                                             "$labels.rank": "1", "$labels.host": "node-0",
+                                             "$labels.job": "pairs", "$labels.axis": "tp",
+                                             "$labels.phase": "mlp",
+                                             '$value | printf "%.2f"': "2.00"}))])))
+
+    rule = _rule(groups, "ArgusLinkDegraded")
+    series, link = [], []
     for rank in range(6):
         dp, tp = divmod(rank, 2)
-        labels = rank_labels(config, "links", rank, dp=dp, tp=tp)
-        series.append(Series("argus_phase_window_seconds",
-                             {**labels, "phase": "tp-comm", "stat": "median"},
-                             [slow_link if dp == 2 else 0.01] * samples))
-    rule = _rule(groups, "ArgusLinkDegraded")
-    link = [_expect(_alert_labels(config, rule, phase="tp-comm", axis="tp",
-                                  **rank_labels(config, "links", rank, dp=2, tp=rank - 4)),
-                    _annotations(rule, **{"$labels.rank": str(rank), "$labels.host": "node-0",
-                                          "$labels.job": "links", "$labels.axis": "tp",
-                                          "$labels.phase": "tp-comm",
-                                          '$value | printf "%.2f"': f"{slow_link / 0.01:.2f}"}))
-            for rank in (4, 5)]
-    tests.append(_test(config, "ArgusLinkDegraded: a tp group slow even for its last arriver",
+        labels = _scorer_labels(config, "links", rank, "tp-comm", "tp", dp=dp, tp=tp)
+        if dp == 2:
+            series.append(Series("argus_phase_straggler_ratio",
+                                 {**labels, "kind": "communication"}, [3.0] * samples))
+            link.append(_expect(_alert_labels(config, rule, **labels), _annotations(rule, **{
+                "$labels.rank": str(rank), "$labels.host": "node-0",
+                "$labels.job": "links", "$labels.axis": "tp", "$labels.phase": "tp-comm",
+                '$value | printf "%.2f"': "3.00"})))
+    series.append(Series("argus_phase_straggler_ratio",  # a compute finding: not a link
+                         {**_scorer_labels(config, "links", 0, "mlp", "tp"), "kind": "compute"},
+                         [2.0] * samples))
+    tests.append(_test(config, "ArgusLinkDegraded: the scorer's slow collective transfer",
                        series, alerts=_fires(config, "ArgusLinkDegraded", onset,
                                              config.for_straggler, link)))
     return tests
@@ -365,24 +422,98 @@ def _matchers(text: str) -> dict[str, str]:
     return out
 
 
+def down_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
+    """ArgusExporterDown and ArgusProcessorDown in both modes: Prometheus scraping the
+    targets (``up`` goes to 0 and their series get staleness markers: one alert per target,
+    not one more per rank) and Vector remote-writing them (no ``up``; the series just stop:
+    an alert per silent rank of a job that still runs, per silent processor)."""
+    sel = config.selectors
+    tests = []
+    down_at = 2
+    lookback = math.ceil(LOOKBACK_S / config.evaluation_interval)
+    for mode in ("scrape", "remote write"):
+        scraped = mode == "scrape"
+        stop = (lambda n: ["stale"] * n) if scraped else (lambda n: [None] * n)
+        # Exporters: ranks 0-2 of job "train" on node-0 (rank 2 stops) and node-1.
+        onset = down_at if scraped else down_at + lookback
+        for_s = config.for_exporter_down
+        samples = onset + _for_intervals(config, for_s) + 2
+        rule = _rule(groups, "ArgusExporterDown")
+        series, expected = [], []
+        for rank in range(3):
+            instance = f"node-{rank // 2}:9400"
+            labels = {**rank_labels(config, "train", rank, host=f"node-{rank // 2}"),
+                      "instance": instance}
+            running = [100.0 + k for k in range(samples)]
+            values = running[:down_at] + stop(samples - down_at) if rank == 2 else running
+            series.append(Series("argus_steps_total", labels, values))
+        if scraped:
+            up = {**_matchers(sel.exporters_up), "instance": "node-1:9400"}
+            series += [Series("up", up, [1.0] * down_at + [0.0] * (samples - down_at)),
+                       Series("up", {**up, "instance": "node-0:9400"}, [1.0] * samples)]
+            expected.append(_expect(_alert_labels(config, rule, **up), _annotations(
+                rule, **{"$labels.instance": "node-1:9400"})))
+        else:
+            silent = {k: v for k, v in rank_labels(config, "train", 2, host="node-1").items()
+                      if k in ("job", "rank", "host")}
+            expected.append(_expect(_alert_labels(config, rule, **silent,
+                                                  instance="node-1:9400"),
+                                    _annotations(rule, **{"$labels.rank": "2",
+                                                          "$labels.host": "node-1",
+                                                          "$labels.job": "train"})))
+        tests.append(_test(config, f"ArgusExporterDown ({mode}): one rank's exporter stops",
+                           series, alerts=_fires(config, "ArgusExporterDown", onset, for_s,
+                                                 expected)))
+        # A finished job (every rank stops) is not an exporter failure.
+        series = [Series("argus_steps_total", rank_labels(config, "done", rank),
+                         [100.0, 101.0, *stop(samples - 2)]) for rank in range(2)]
+        tests.append(_test(config, f"ArgusExporterDown ({mode}): a finished job is not down",
+                           series, alerts=[_check(config, samples - 1, "ArgusExporterDown",
+                                                  [])]))
+
+        for_s = config.for_component_down
+        samples = onset + _for_intervals(config, for_s) + 2
+        rule = _rule(groups, "ArgusProcessorDown")
+        series = []
+        for node in range(2):
+            labels = {**_matchers(sel.processor), "instance": f"node-{node}:9700"}
+            running = [10.0 * k for k in range(samples)]
+            values = running[:down_at] + stop(samples - down_at) if node == 1 else running
+            series.append(Series("argus_processor_records_total", labels, values))
+            if scraped:
+                up = {**_matchers(sel.processor_up), "instance": f"node-{node}:9700"}
+                series.append(Series("up", up, [1.0] * samples if node == 0 else
+                                     [1.0] * down_at + [0.0] * (samples - down_at)))
+        labels = ({**_matchers(sel.processor_up), "instance": "node-1:9700"} if scraped
+                  else {"instance": "node-1:9700"})
+        tests.append(_test(config, f"ArgusProcessorDown ({mode}): a processor stops", series,
+                           alerts=_fires(config, "ArgusProcessorDown", onset, for_s, [_expect(
+                               _alert_labels(config, rule, **labels),
+                               _annotations(rule, **{"$labels.instance": "node-1:9700"}))])))
+
+    rule = _rule(groups, "ArgusVectorScrapeFailing")
+    start = 2
+    window = round(max(config.rate_window, 4 * config.scrape_interval)
+                   / config.evaluation_interval)
+    samples = start + window + _for_intervals(config, config.for_component_down) + 4
+    errors = {**_matchers(sel.vector_scrape), "host": "node-1", "error_type": "request_failed"}
+    per = config.evaluation_interval
+    tests.append(_test(config, "ArgusVectorScrapeFailing: Vector's scrapes fail", [
+        Series("vector_component_errors_total", errors,
+               [0.0] * start + [0.5 * per * (k + 1) for k in range(samples - start)]),
+        Series("vector_component_errors_total", {**errors, "host": "node-0"}, [3.0] * samples)],
+        alerts=_fires(config, "ArgusVectorScrapeFailing", start, config.for_component_down,
+                      [_expect(_alert_labels(config, rule, host="node-1"),
+                               _annotations(rule, **{"$labels.host": "node-1",
+                                                     "$value | humanize": "500m"}))])))
+    return tests
+
+
 def pipeline_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
     """Exporter down or dropping, processor down, rejecting or failing uploads, scorer stale."""
     sel = config.selectors
     tests = []
-    down_at = 2
-    for name, up, for_s in (("ArgusExporterDown", sel.exporters_up, config.for_exporter_down),
-                            ("ArgusProcessorDown", sel.processor_up,
-                             config.for_component_down)):
-        samples = down_at + _for_intervals(config, for_s) + 2
-        labels = {**_matchers(up), "instance": "node-0:9400"}
-        rule = _rule(groups, name)
-        tests.append(_test(config, f"{name}: its target stops answering", [
-            Series("up", labels, [1.0] * down_at + [0.0] * (samples - down_at)),
-            Series("up", {**labels, "instance": "node-1:9400"}, [1.0] * samples)],
-            alerts=_fires(config, name, down_at, for_s, [_expect(
-                _alert_labels(config, rule, **labels),
-                _annotations(rule, **{"$labels.instance": "node-0:9400"}))])))
-
+    tests += down_tests(config, groups)
     # Counters that start moving at `start`: the rate windows see them one interval later.
     start = 2
     window_intervals = round(max(config.rate_window, 4 * config.scrape_interval)
@@ -439,20 +570,102 @@ def pipeline_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
     return tests
 
 
+def l2_statistics(config: RulesConfig, coords, phases: list[str], values) -> dict:
+    """What the L2 rules record for one job's per-rank phase medians, computed here the way
+    the rules compute it, and N and z as the core's own L2 counts them."""
+    import numpy as np
+
+    from argus_core.detect.l2 import L2Config, detect_l2
+    from argus_core.detect.steps import StepMatrix
+    from argus_core.schema import AXES
+    from argus_core.taxonomy import is_comm_phase
+    from argus_core.topology import axis_groups
+
+    n = len(coords)
+    zero = np.zeros(1, dtype=np.int64)
+    matrix = StepMatrix(np.arange(n), zero, zero, np.full((n, 1), np.nan),
+                        np.full((n, 1), np.nan), values[:, None, :], phases)
+    core = detect_l2(matrix, coords, np.ones(1, dtype=bool), L2Config(
+        min_ratio=config.l2_min_ratio, alpha=config.l2_alpha, z_threshold=config.l2_z,
+        scale_floor=config.l2_scale_floor, min_pool=config.l2_min_pool))
+    out: dict = {"tests": core.tests, "z": core.z_family, "groups": {}, "scale": {}}
+    for axis in config.axes:
+        gid = axis_groups(coords, axis)
+        sizes = np.bincount(gid)
+        pooled = sizes[gid] >= 3
+        for c, phase in enumerate(phases):
+            if is_comm_phase(phase):
+                continue
+            deviations = []
+            for g in np.flatnonzero(sizes >= 3).tolist():
+                members = np.flatnonzero(gid == g)
+                median = quantile(0.5, values[members, c].tolist())
+                key = (axis, phase, tuple(int(x) for x in coords[members[0]]))
+                out["groups"][key] = median
+                deviations += [abs(math.log(v / median)) for v in values[members, c]]
+            if not deviations:
+                continue
+            mad = (MAD_TO_SIGMA * quantile(0.5, deviations)
+                   if pooled.sum() >= config.l2_min_pool else 0.0)
+            out["scale"][(axis, phase)] = max(mad, config.l2_scale_floor)
+    for (axis, phase, _), median in list(out["groups"].items()):
+        margin = max(math.log(config.l2_min_ratio), out["z"] * out["scale"][(axis, phase)])
+        out.setdefault("threshold", {})[(axis, phase, _)] = median * math.exp(margin)
+    out["axes"] = AXES
+    return out
+
+
+def _close(expr: str, labels: str, value: float, eval_time: str, tolerance: float = 1e-9):
+    """A promql_expr_test that ``expr`` (one series) is within ``tolerance`` (relative) of
+    ``value``: Go's and C's ln and exp may differ in the last bit."""
+    return {"expr": f"abs({expr} - {value!r}) <= bool {abs(value) * tolerance!r}",
+            "eval_time": eval_time, "exp_samples": [{"labels": labels, "value": 1}]}
+
+
 def recording_tests(config: RulesConfig) -> list[dict]:
-    """Group statistics (median, MAD, scale, threshold) and the L1 ratios, computed here."""
-    values = [1.0, 1.0, 1.25, 4.0]
-    series = [Series("argus_phase_window_seconds",
-                     {**rank_labels(config, "train", r, dp=r), "phase": "mlp", "stat": "median"},
-                     [v, v]) for r, v in enumerate(values)]
-    stats = group_statistics(values, config)
-    group = '{axis="dp",ep="0",job="train",phase="mlp",pp="0",tp="0"}'
-    exprs = [{"expr": f'axis_group:argus_phase_seconds:{name}{{axis="dp"}}', "eval_time":
-              format_duration(config.evaluation_interval),
-              "exp_samples": [{"labels": f"axis_group:argus_phase_seconds:{name}{group}",
-                               "value": stats[name]}]}
-             for name in ("median", "scale", "threshold")]
-    tests = [_test(config, "L2 group statistics of a dp group", series, exprs=exprs)]
+    """L2 statistics of a 32-rank job (dp=8 x tp=4) against the same arithmetic done here
+    and the family-wise N and z against the core's own L2 on the same medians; the L1
+    ratios."""
+    import numpy as np
+
+    from argus_core.schema import AXES
+
+    rng = np.random.default_rng(12)
+    coords = np.array([(r // 4, r % 4, 0, 0) for r in range(32)], dtype=np.int64)
+    phases = ["attention", "mlp", "tp-comm", "dp-allreduce"]
+    base = np.array([0.02, 0.05, 0.004, 0.012])
+    values = np.round(base * np.exp(rng.normal(0.0, 0.04, (32, len(phases)))), 6)
+    values[13, 1] *= 3  # a straggler: the spread is pooled over the healthy majority
+    stats = l2_statistics(config, coords, phases, values)
+    series = []
+    for r in range(32):
+        labels = rank_labels(config, "train", r, **dict(zip(AXES, coords[r].tolist(),
+                                                            strict=True)))
+        series.append(Series("argus_steps_total", labels, [100.0, 104.0]))
+        for c, phase in enumerate(phases):
+            series.append(Series("argus_phase_window_seconds",
+                                 {**labels, "phase": phase, "stat": "median"},
+                                 [float(values[r, c])] * 2))
+    at = format_duration(config.evaluation_interval)
+    exprs = [{"expr": "job:argus_l2_tests:count", "eval_time": at, "exp_samples": [
+        {"labels": 'job:argus_l2_tests:count{job="train"}', "value": stats["tests"]}]},
+        _close("job:argus_l2_z:family", '{job="train"}', stats["z"], at, 1e-7)]
+    for (axis, phase), scale in sorted(stats["scale"].items()):
+        exprs.append(_close(f'job_phase:argus_phase_log_ratio:scale{{axis="{axis}",'
+                            f'phase="{phase}"}}',
+                            f'{{axis="{axis}",job="train",phase="{phase}"}}', scale, at))
+    for name in ("groups", "threshold"):
+        record = "median" if name == "groups" else "threshold"
+        for (axis, phase, group), value in sorted(stats[name].items())[::5]:
+            others = {a: str(v) for a, v in zip(AXES, group, strict=True) if a != axis}
+            selector = ",".join(f'{k}="{v}"' for k, v in {"axis": axis, "phase": phase,
+                                                          **others}.items())
+            labels = "{" + ",".join(f'{k}="{v}"' for k, v in sorted(
+                {"axis": axis, "job": "train", "phase": phase, **others}.items())) + "}"
+            exprs.append(_close(f"axis_group:argus_phase_seconds:{record}{{{selector}}}",
+                                labels, value, at))
+    tests = [_test(config, "L2 statistics of a dp=8 x tp=4 job (N and z as the core counts)",
+                   series, exprs=exprs)]
 
     steps = _Steps(config, 10)
     spike = 3 * steps.step_s

@@ -1,11 +1,23 @@
-"""The scorer's one dependency on the core's detection (argus_core.detect), in one function.
+"""The scorer's one dependency on the core's detection (argus_core.detect), in one module.
 
-The core is being reworked (family-wise error control, waiting measured from arrival skew,
-per-rank onsets); when its entry points change, ``judge`` is the only code to re-point. It
-uses the core's L3 (``score_kernels``, peers as ``argus diagnose`` chooses them: the ranks at
-the same position on ``peer_axis``), the core's L2 on the phase medians (which gives each
-rank's waiting, measured as its collective time minus its group's shortest, and the pair and
-late-arrival logic PromQL cannot express) and the core's verdicts.
+``judge`` turns a job's snapshot into what the scorer publishes, with the core's own code:
+
+- L2: ``detect_l2`` on the phase medians as one "step" (how the core judges a metrics
+  snapshot: the spread is the pooled MAD and the scale floor, the threshold the family-wise
+  z over every statistic of the job). Collective phases are judged on their transfer time,
+  the waiting for the last arriver removed (``collective_times``: a rank's arrival at a
+  collective is the time of the phases before it, in step order, plus its time in no phase,
+  wall - phases). Pipeline stages are compared only where alike (``stage_classes``: the
+  kernels each stage runs per step, read off the summaries' executions).
+- The L2 findings PromQL cannot make are published (``Judgement.phases``): pairs (decided by
+  who waits), the pp axis (stage likeness) and every collective comparison (arrival skew).
+  The recording rules make the others (compute phases in groups of three or more on the
+  ``PROMQL_AXES``), so each comparison has one source.
+- L3: ``score_kernels`` (peers: the ranks at the same ``peer_axis`` position; steps per
+  window from the ranks' step rates); a collective kernel is excused when the rank's
+  arrival-skew waiting per step explains at least half of its extra time.
+- Verdicts: ``build_verdicts`` over every L2 finding and the L3 findings (no L1: the scorer
+  sees no step series).
 """
 
 from __future__ import annotations
@@ -14,8 +26,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from argus_core.rules.config import PROMQL_AXES
 from argus_core.schema import AXES
-from argus_core.score.snapshot import JobSnapshot
+from argus_core.score.snapshot import JobSnapshot, PhaseTable
 
 
 @dataclass
@@ -38,6 +51,18 @@ def _empty() -> KernelScoresTable:
                              np.zeros(0, dtype=bool), [])
 
 
+@dataclass(frozen=True)
+class PhaseStraggler:
+    """An L2 finding the scorer publishes, with the rank's identity labels."""
+
+    rank: int
+    phase: str
+    axis: str
+    kind: str  # compute or communication
+    ratio: float
+    labels: dict[str, str]  # host and coordinates
+
+
 @dataclass
 class Judgement:
     """What the scorer publishes for one job."""
@@ -46,69 +71,190 @@ class Judgement:
     verdicts: list[tuple[int, str]] = field(default_factory=list)  # (rank, cause)
     wait_s: dict[int, float] = field(default_factory=dict)  # per rank, per step
     unscored: set[int] = field(default_factory=set)  # known ranks with no score at all
+    phases: list[PhaseStraggler] = field(default_factory=list)  # L2 beyond PromQL
+    l2_tests: int = 0  # statistics the core's L2 judged (its family-wise N)
 
 
 def judge(snapshot: JobSnapshot, peer_axis: str = "pp") -> Judgement:
-    """Score a job's kernel summaries with the core's L3, excuse collective kernels whose
-    extra time the rank's measured waiting explains (as ``kernel_findings`` does on a trace),
-    run the core's L2 on the phase medians, and build the core's verdicts."""
+    """Judge one job with the core: L2 on the phase medians (waiting from arrival skew),
+    L3 on the kernel summaries (waiting excused), and verdicts."""
     from argus_core.detect.diagnose import DiagnoseConfig
     from argus_core.detect.l1 import L1Result
-    from argus_core.detect.l2 import L2Result, detect_l2
-    from argus_core.detect.l3 import score_kernels
-    from argus_core.detect.l3_findings import KernelFinding
-    from argus_core.detect.steps import StepMatrix
+    from argus_core.detect.l2 import L2Result
     from argus_core.detect.verdict import build_verdicts
-    from argus_core.taxonomy import is_comm_kernel
 
     config = DiagnoseConfig()
     out = Judgement()
-
-    def l2_of(table) -> L2Result:
-        """The core's L2 on one "step" holding each rank's phase statistic."""
-        if table is None:
-            return L2Result()
-        ones = np.full((len(table.ranks), 1), np.nan)
-        matrix = StepMatrix(table.ranks, np.zeros(1, dtype=np.int64),
-                            np.zeros(1, dtype=np.int64), ones, ones.copy(),
-                            table.values[:, None, :], table.names)
-        return detect_l2(matrix, table.coords, np.ones(1, dtype=bool), config.l2)
-
-    l2 = l2_of(snapshot.phases)  # medians: robust findings, as on the steady steps offline
-    # Waiting as the core measures it (a rank's collective time minus its group's shortest),
-    # on mean times per step: what a collective kernel's W1 excess adds up to.
-    out.wait_s = (l2_of(snapshot.phase_means) if snapshot.phase_means is not None
-                  else l2).wait_s
-
-    summary = snapshot.summary
-    findings: list[KernelFinding] = []
-    if len(summary):
-        top = int(summary.rank.max()) + 1
-        peer = np.zeros(top, dtype=np.int64)
-        axis = AXES.index(peer_axis)
-        for rank, coords in snapshot.coords.items():
-            if rank < top:
-                peer[rank] = coords[axis]
-        scores = score_kernels(summary, peer, config.l3)
-        keep = ~np.isnan(scores.score)  # units with too few peers: no score, nothing said
-        straggler = scores.flagged & keep
-        comm = np.array([is_comm_kernel(n) for n in scores.names], dtype=bool)
-        for i in np.flatnonzero(straggler & comm[scores.kernel]).tolist():
-            # A collective kernel is long for a rank that waits in it for a late peer: its
-            # measured waiting per step explains at least half the extra time -> excused.
-            rank = int(scores.rank[i])
-            per_step = snapshot.steps_per_s.get(rank, 0.0) * summary.window_ns * 1e-9
-            extra_s = scores.excess_ns[i] * scores.executions[i] * 1e-9 / max(per_step, 1.0)
-            straggler[i] = out.wait_s.get(rank, 0.0) < 0.5 * extra_s
-        out.kernels = KernelScoresTable(scores.rank[keep], scores.kernel[keep],
-                                        scores.stream[keep], scores.score[keep],
-                                        straggler[keep], scores.names)
-        findings = [KernelFinding(int(scores.rank[i]), scores.names[scores.kernel[i]],
-                                  int(scores.stream[i]), float(scores.score[i]),
-                                  bool(comm[scores.kernel[i]]))
-                    for i in np.flatnonzero(straggler).tolist()]
+    l2 = L2Result()
+    if snapshot.phases is not None:
+        l2 = judge_phases(snapshot.phases, config.l2,
+                          stage_classes(snapshot, snapshot.phases))
+        out.wait_s, out.l2_tests = l2.wait_s, l2.tests
+        out.phases = beyond_promql(l2, snapshot.phases)
+    findings = _score_kernels(snapshot, peer_axis, config.l3, out)
     out.unscored = snapshot.known_ranks - set(np.unique(out.kernels.rank).tolist())
     empty = np.zeros(0)
     no_l1 = L1Result(empty.astype(np.int64), empty, empty, empty.astype(bool))
     out.verdicts = [(v.rank, v.cause) for v in build_verdicts(no_l1, l2, findings)]
     return out
+
+
+def judge_phases(table: PhaseTable, config=None, stages: np.ndarray | None = None):
+    """The core's L2 on one "step" holding each rank's phase medians (an ``L2Result``).
+
+    Wall times are the ranks' median step times; device time is not read (its split of
+    the step into host and idle time does not change who arrived last), so a rank's time in
+    no phase (wall - phases) counts as its idle time before any collective.
+    """
+    from argus_core.detect.arrival import collective_times
+    from argus_core.detect.l2 import detect_l2
+    from argus_core.detect.steps import StepMatrix
+
+    n = len(table.ranks)
+    wall = (table.wall if table.wall is not None else np.full(n, np.nan))[:, None]
+    zero = np.zeros(1, dtype=np.int64)
+    matrix = StepMatrix(table.ranks, zero, zero, wall.copy(), np.full((n, 1), np.nan),
+                        table.values[:, None, :], list(table.names))
+    times = collective_times(matrix, table.coords)
+    if table.minimum is not None:
+        window_waits(times, matrix, table.coords, table.minimum)
+    return detect_l2(matrix, table.coords, np.ones(1, dtype=bool), config, times, stages)
+
+
+def window_waits(times, matrix, coords: np.ndarray, minimum: np.ndarray,
+                 window_steps: int = 32) -> None:
+    """Waiting and transfer of the collectives in a one-"step" matrix of window medians, with
+    the bound that members of a collective finish together taken from the window's shortest
+    times (``minimum``, ranks x phases) instead of the medians.
+
+    The core bounds each step's waiting by ``d - shortest d in the group`` and by the last
+    arrival; medians smooth away the step-to-step jitter of arrivals, so the shortest median
+    of a group still holds the waiting its members did whenever a peer arrived after them
+    (most of a collective of a few milliseconds). A rank's shortest time in the window is a
+    step in which it waited for nobody: the group's shortest of them is its transfer alone,
+    and no rank's transfer exceeds its own shortest. Arrivals are the core's (phases before
+    the collective, plus time in no phase).
+    """
+    from argus_core.detect.arrival import group_reduce
+    from argus_core.taxonomy import is_comm_phase, phase_axis
+    from argus_core.topology import axis_groups
+
+    phases = matrix.phases
+    filled = np.nan_to_num(phases)
+    a_lo = np.cumsum(filled, axis=2) - filled
+    wall = np.nan_to_num(matrix.wall)
+    a_hi = a_lo + np.maximum(wall - filled.sum(axis=2), 0.0)[:, :, None]
+    for col, name in enumerate(matrix.phase_names):
+        axis = phase_axis(name)
+        if not is_comm_phase(name) or axis is None or len(matrix.ranks) < 2:
+            continue
+        gid = axis_groups(coords, axis)
+        d = phases[:, :, col]
+        low = np.fmin(d, minimum[:, None, col])  # NaN minimum: the median
+        # The per-step shortest of k members is about their 1 - 0.5^(1/k) quantile; each
+        # member's is read between its window minimum (quantile ~1/(n+1)) and its median.
+        k = np.bincount(gid)[gid][:, None]
+        share = np.clip((1 - 0.5 ** (1 / k) - 1 / (window_steps + 1))
+                        / (0.5 - 1 / (window_steps + 1)), 0.0, 1.0)
+        own = low + share * (d - low)
+        last = group_reduce(a_hi[:, :, col], gid, np.fmax)[gid]
+        shortest = group_reduce(own, gid, np.fmin)[gid]
+        with np.errstate(invalid="ignore"):
+            wait = np.clip(np.minimum(d - shortest, last - a_lo[:, :, col]), 0.0, d)
+            times.transfer[:, :, col] = np.minimum(d - wait, own)
+        times.wait[:, :, col] = d - times.transfer[:, :, col]
+    comm = np.array([is_comm_phase(n) for n in matrix.phase_names], dtype=bool)
+    times.wait_s[...] = np.nansum(times.wait, axis=2)
+    times.comm_s[...] = np.nansum(times.transfer[:, :, comm], axis=2)
+
+
+def beyond_promql(l2, table: PhaseTable) -> list[PhaseStraggler]:
+    """The findings of comparisons the recording rules do not make: collectives, pairs and
+    the pp axis."""
+    from argus_core.topology import axis_groups
+
+    row = {int(r): i for i, r in enumerate(table.ranks.tolist())}
+    sizes = {}
+    for axis in AXES:
+        gid = axis_groups(table.coords, axis)
+        sizes[axis] = np.bincount(gid)[gid]
+    out = []
+    for f in l2.findings:
+        i = row[f.rank]
+        if f.kind == "compute" and f.axis in PROMQL_AXES and sizes[f.axis][i] >= 3:
+            continue  # the recording rules' comparison
+        labels = {"host": table.hosts[i] if table.hosts else "",
+                  **{a: str(int(table.coords[i, k])) for k, a in enumerate(AXES)}}
+        out.append(PhaseStraggler(f.rank, f.phase, f.axis, f.kind, f.ratio, labels))
+    return out
+
+
+def stage_classes(snapshot: JobSnapshot, table: PhaseTable) -> np.ndarray | None:
+    """Class of each table rank's pipeline stage from the kernels it runs per step, as
+    ``argus_core.detect.stages`` decides on a trace: a stage's inventory is the median over
+    its ranks of each compute kernel's executions per step, rounded; stages with the same
+    inventory are alike. None (all alike) without summaries or step rates."""
+    from argus_core.stats.grouping import dense_ids
+    from argus_core.taxonomy import is_comm_kernel
+
+    summary = snapshot.summary
+    pp = table.coords[:, AXES.index("pp")]
+    if len(np.unique(pp)) < 2 or not len(summary):
+        return None
+    steps = np.array([snapshot.steps_per_s.get(int(r), 0.0) for r in table.ranks.tolist()])
+    steps *= summary.window_ns * 1e-9
+    compute = np.array([not is_comm_kernel(n) for n in summary.names], dtype=bool)
+    row = np.searchsorted(table.ranks, summary.rank)
+    known = row < len(table.ranks)
+    known[known] = table.ranks[row[known]] == summary.rank[known]
+    keep = known & compute[summary.kernel]
+    keep[keep] = steps[row[keep]] > 0
+    if not keep.any():
+        return None
+    cell, (cell_row, cell_kernel) = dense_ids(row[keep], summary.kernel[keep])
+    per_step = np.bincount(cell, summary.count[keep].astype(np.float64)) / steps[cell_row]
+    n_kernels = len(summary.names)
+    counts = np.zeros((len(table.ranks), n_kernels))
+    counts[cell_row, cell_kernel] = per_step
+    stages = np.unique(pp)
+    inventory = np.stack([np.median(counts[pp == s], axis=0) for s in stages])
+    _, stage_class = np.unique(np.round(inventory).astype(np.int64), axis=0,
+                               return_inverse=True)
+    return stage_class.reshape(-1)[np.searchsorted(stages, pp)]
+
+
+def _score_kernels(snapshot: JobSnapshot, peer_axis: str, config, out: Judgement) -> list:
+    """L3 on the summaries: fills ``out.kernels``, returns the findings (waiting excused)."""
+    from argus_core.detect.l3 import score_kernels
+    from argus_core.detect.l3_findings import KernelFinding
+    from argus_core.taxonomy import is_comm_kernel
+
+    summary = snapshot.summary
+    if not len(summary):
+        return []
+    top = int(summary.rank.max()) + 1
+    peer = np.zeros(top, dtype=np.int64)
+    axis = AXES.index(peer_axis)
+    for rank, coords in snapshot.coords.items():
+        if rank < top:
+            peer[rank] = coords[axis]
+    rates = [v for v in snapshot.steps_per_s.values() if v > 0]
+    steps = (np.array([np.median(rates) * summary.window_ns * 1e-9]) if rates else None)
+    scores = score_kernels(summary, peer, config, steps)
+    keep = ~np.isnan(scores.score)  # units with too few peers: no score, nothing said
+    straggler = scores.flagged & keep
+    comm = np.array([is_comm_kernel(n) for n in scores.names], dtype=bool)
+    for i in np.flatnonzero(straggler & comm[scores.kernel]).tolist():
+        # A collective kernel is long for a rank that waits in it for a late peer: its
+        # waiting per step (arrival skew) explains at least half the extra time -> excused.
+        rank = int(scores.rank[i])
+        per_step = snapshot.steps_per_s.get(rank, 0.0) * summary.window_ns * 1e-9
+        extra_s = scores.excess_ns[i] * scores.executions[i] * 1e-9 / max(per_step, 1.0)
+        straggler[i] = out.wait_s.get(rank, 0.0) < 0.5 * extra_s
+    out.kernels = KernelScoresTable(scores.rank[keep], scores.kernel[keep],
+                                    scores.stream[keep], scores.score[keep],
+                                    straggler[keep], scores.names)
+    return [KernelFinding(int(scores.rank[i]), scores.names[scores.kernel[i]],
+                          int(scores.stream[i]), float(scores.score[i]),
+                          bool(comm[scores.kernel[i]]))
+            for i in np.flatnonzero(straggler).tolist()]

@@ -5,7 +5,10 @@ hash of the job name, so N scorers split a cluster without talking to each other
 each job's summaries, coordinates and phase medians, judges them with the core
 (``core_adapter.judge``) and publishes the result atomically:
 ``argus_kernel_w1_score{job,rank,kernel,stream}``, ``argus_kernel_straggler`` (0/1),
-``argus_verdict{job,rank,cause}`` and ``argus_rank_wait_seconds{job,rank}``.
+``argus_verdict{job,rank,cause}``, ``argus_rank_wait_seconds{job,rank}`` (arrival skew) and
+``argus_phase_straggler_ratio{job,rank,host,dp,tp,pp,ep,phase,axis,kind}``: the L2 findings
+the recording rules cannot make (collectives, pairs, pipeline stages), which
+ArgusStragglerRank and ArgusLinkDegraded read.
 
 Nothing stale, nothing guessed: a job whose queries fail this round is published with nothing
 (its old results are dropped), a rank without summaries gets no score and is counted in
@@ -22,6 +25,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 
+from argus_core.schema import AXES
 from argus_core.score.core_adapter import Judgement, judge
 from argus_core.score.prometheus import PrometheusAPI, QueryError
 from argus_core.score.snapshot import fetch_job, list_jobs
@@ -149,6 +153,14 @@ class Scorer:
         wait = GaugeMetricFamily("argus_rank_wait_seconds", "Time per step the rank waits in "
                                  "collectives for late peers (arrival skew).",
                                  labels=["job", "rank"])
+        phases = GaugeMetricFamily(
+            "argus_phase_straggler_ratio", "A rank's phase time over its group's median (its "
+            "partner's for a pair; collectives: transfer time, waiting for late arrivers "
+            "removed), for L2 findings the recording rules cannot make.",
+            labels=["job", "rank", "host", *AXES, "phase", "axis", "kind"])
+        tests = GaugeMetricFamily("argus_scorer_l2_tests", "Statistics the core's L2 judged "
+                                  "for the job (the N of its family-wise threshold).",
+                                  labels=["job"])
         unscored = GaugeMetricFamily("argus_scorer_unscored_ranks", "Ranks known to a "
                                      "processor that got no score this round (no summaries "
                                      "or too few peers).", labels=["job"])
@@ -164,8 +176,13 @@ class Scorer:
                 verdict.add_metric([job, str(rank), cause], 1.0)
             for rank, seconds in sorted(judgement.wait_s.items()):
                 wait.add_metric([job, str(rank)], seconds)
+            for f in judgement.phases:
+                phases.add_metric([job, str(f.rank), f.labels["host"],
+                                   *(f.labels[a] for a in AXES), f.phase, f.axis, f.kind],
+                                  min(f.ratio, 1e6))
+            tests.add_metric([job], judgement.l2_tests)
             unscored.add_metric([job], len(judgement.unscored))
-        yield from (score, straggler, verdict, wait, unscored)
+        yield from (score, straggler, verdict, wait, phases, tests, unscored)
 
         def gauge(name: str, doc: str, value: float):
             family = GaugeMetricFamily(name, doc)

@@ -4,11 +4,13 @@
   ``argus_kernel_duration_seconds{quantile="0.5"|"0.99"}``, one row per cluster) become a
   ``KernelSummary``: the same table ``argus diagnose`` scores.
 - Each rank's coordinates come from ``argus_rank_info`` (the processors' info metric).
-- Each rank's phase medians (the exporters' ``argus_phase_window_seconds{stat="median"}``)
-  become a one-step ``StepMatrix`` for the core's L2 (stragglers, pairs, late arrivers), and
-  its mean phase times per step (``argus_phase_seconds_total`` over ``argus_steps_total``) one
-  for its waiting: a collective kernel's W1 excess is a mean, so the waiting that excuses it
-  must be one too.
+- Each rank's phase medians (the exporters' ``argus_phase_window_seconds{stat="median"}``),
+  its median step time (``argus_step_window_seconds{stat="median"}``) and the order of the
+  phases within a step (``argus_phase_order_info``) become a ``PhaseTable``: one "step" of
+  medians for the core's L2 and its arrival-skew waiting (who reached a collective last
+  depends on the phases before it). Coordinates and host come from the exporters' labels.
+  For the collectives, also their shortest time in the window (``stat="min"``): a step
+  in which the rank waited for nobody, its transfer time alone.
 - Each rank's steps per second, to turn a window's kernel time into time per step.
 
 Label columns are pulled out of the JSON answer once per query and joined with numpy.
@@ -34,9 +36,12 @@ class PhaseTable:
     """Per rank (sorted), the median time of each phase over its recent steps."""
 
     ranks: np.ndarray
-    names: list[str]
+    names: list[str]  # in the order the phases happen within a step
     values: np.ndarray  # ranks x phases, NaN = not reported
     coords: np.ndarray  # ranks x 4 (AXES order)
+    wall: np.ndarray | None = None  # per rank: median step wall time, NaN = not reported
+    hosts: list[str] | None = None  # per rank: its host label
+    minimum: np.ndarray | None = None  # ranks x phases: shortest time in the window (NaN)
 
 
 @dataclass
@@ -47,7 +52,6 @@ class JobSnapshot:
     summary: KernelSummary
     coords: dict[int, tuple[int, ...]] = field(default_factory=dict)  # rank -> AXES coords
     phases: PhaseTable | None = None  # medians over each rank's last steps
-    phase_means: PhaseTable | None = None  # means per step over the rate window
     steps_per_s: dict[int, float] = field(default_factory=dict)
 
     @property
@@ -147,19 +151,62 @@ def rank_coords(info: list[dict]) -> dict[int, tuple[int, ...]]:
     return out
 
 
-def phase_table(series: list[dict]) -> PhaseTable | None:
-    """The ranks x phases matrix of phase medians (and each rank's coordinates)."""
+def phase_table(series: list[dict], walls: list[dict] = (), orders: list[dict] = (),
+                minimums: list[dict] = ()) -> PhaseTable | None:
+    """The ranks x phases matrix of phase medians, each rank's coordinates, host and median
+    step time, with the phases in the order the ranks report (``argus_phase_order_info``;
+    the order most ranks report wins, phases no rank orders come last, by name), and the
+    shortest time of each phase in the window where ``minimums`` has it."""
     if not series:
         return None
-    (rank_text, phase, *axes), values = label_columns(series, ("rank", "phase", *AXES))
+    (rank_text, phase, host, *axes), values = label_columns(series, ("rank", "phase", "host",
+                                                                     *AXES))
     rank = _ints(rank_text)
     ranks, r_idx = np.unique(rank, return_inverse=True)
-    names, p_idx = np.unique(np.array(phase), return_inverse=True)
+    names = step_order(sorted(set(phase)), orders)
+    column = {name: i for i, name in enumerate(names)}
+    p_idx = np.fromiter(map(column.__getitem__, phase), np.int64, len(phase))
     table = np.full((len(ranks), len(names)), np.nan)
     table[r_idx, p_idx] = values
     coords = np.zeros((len(ranks), len(AXES)), dtype=np.int64)
     coords[r_idx] = np.column_stack([_ints([c or "0" for c in column]) for column in axes])
-    return PhaseTable(ranks, [str(n) for n in names], table, coords)
+    hosts = [""] * len(ranks)
+    for i, h in zip(r_idx.tolist(), host, strict=True):
+        hosts[i] = h
+    wall = np.full(len(ranks), np.nan)
+    if walls:
+        (wall_rank,), wall_s = label_columns(list(walls), ("rank",))
+        found, ok = _rows(ranks, _ints(wall_rank))
+        wall[found[ok]] = wall_s[ok]
+    minimum = None
+    if minimums:
+        (min_rank, min_phase), min_s = label_columns(list(minimums), ("rank", "phase"))
+        found, ok = _rows(ranks, _ints(min_rank))
+        col = np.fromiter((column.get(p, -1) for p in min_phase), np.int64, len(min_phase))
+        ok &= col >= 0
+        minimum = np.full(table.shape, np.nan)
+        minimum[found[ok], col[ok]] = min_s[ok]
+    return PhaseTable(ranks, names, table, coords, wall, hosts, minimum)
+
+
+def _rows(ranks: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row of each ``wanted`` rank in the sorted ``ranks``, and whether it is there."""
+    found = np.searchsorted(ranks, wanted)
+    ok = found < len(ranks)
+    ok[ok] = ranks[found[ok]] == wanted[ok]
+    return found, ok
+
+
+def step_order(names: list[str], orders: list[dict]) -> list[str]:
+    """``names`` in the order phases happen within a step, from ``argus_phase_order_info``
+    series (the order most ranks report); phases it does not list come last, by name."""
+    (texts,), _ = label_columns(list(orders), ("order",))
+    counts: dict[str, int] = {}
+    for text in texts:
+        counts[text] = counts.get(text, 0) + 1
+    known = max(counts, key=lambda t: (counts[t], t)).split(",") if counts else []
+    rank_of = {name: i for i, name in enumerate(known)}
+    return sorted(names, key=lambda n: (rank_of.get(n, len(known)), n))
 
 
 def concat(parts: list[KernelSummary], names: dict[str, int], window_ns: int) -> KernelSummary:
@@ -201,21 +248,22 @@ def fetch_job(api: PrometheusAPI, job: str, selector: str, window_s: float,
     coords = rank_coords(info)
     summary = fetch_summaries(api, match, coords, peer_axis, int(window_s * 1e9))
     phases = api.query(f'argus_phase_window_seconds{{{match},stat="median"}}')
-    means = api.query(f"increase(argus_phase_seconds_total{{{match}}}[{rate_window}])\n"
-                      "/ on (job, rank) group_left\n"
-                      f"sum by (job, rank) (increase(argus_steps_total{{{match}}}"
-                      f"[{rate_window}]))")
+    walls = api.query(f'argus_step_window_seconds{{{match},stat="median"}}')
+    orders = api.query(f"argus_phase_order_info{{{match}}}")
+    minimums = api.query(f'argus_phase_window_seconds{{{match},stat="min",'
+                         f'phase=~"({"|".join(AXES)})-.*"}}')
     steps = api.query(f"sum by (rank) (rate(argus_steps_total{{{match}}}[{rate_window}]))")
     (step_rank,), step_rate = label_columns(steps, ("rank",))
     return JobSnapshot(
-        job=job, summary=summary, coords=coords, phases=phase_table(phases),
-        phase_means=phase_table(means),
+        job=job, summary=summary, coords=coords,
+        phases=phase_table(phases, walls, orders, minimums),
         steps_per_s={int(r): float(v) for r, v in zip(step_rank, step_rate, strict=True)
                      if r.isdigit()})
 
 
 def list_jobs(api: PrometheusAPI, selector: str) -> list[str]:
-    """Jobs that have kernel summaries in Prometheus."""
+    """Jobs that have kernel summaries or exporter step counters in Prometheus."""
     inner = f"{{{selector}}}" if selector else ""
-    result = api.query(f"group by (job) (argus_kernel_executions{inner})")
-    return sorted(r["metric"].get("job", "") for r in result if r["metric"].get("job"))
+    result = api.query(f"group by (job) (argus_kernel_executions{inner})\n"
+                       f"or group by (job) (argus_steps_total{inner})")
+    return sorted({r["metric"].get("job", "") for r in result} - {""})
