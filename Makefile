@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +15,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/argus demo
 
-test: $(STAMP)
+# Prometheus and Alertmanager from Debian: the tests start them for real.
+system-deps:
+	bash scripts/system-deps.sh
+
+test: $(STAMP) system-deps
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 
@@ -30,7 +34,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/processor.py
 	$(BIN)/python bench/processor_soak.py
 	$(BIN)/python bench/decode.py
-	$(BIN)/python bench/rules_scale.py  # needs prometheus (apt-get install prometheus)
+	$(BIN)/python bench/rules_scale.py  # needs prometheus (make system-deps)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

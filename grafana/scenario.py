@@ -45,7 +45,7 @@ class Scenario:
 def replay(workdir: str | Path, minutes: float = 20.0, store_url: str | None = None,
            rule_files: list[Path] | None = None, seed: int = 0) -> Scenario:
     """Simulate, record, backfill and start Prometheus; the caller stops it."""
-    from argus_core.processor.service import Processor, ProcessorConfig
+    from argus_core.processor.config import ProcessorConfig
     from argus_core.simulate import SimConfig, parse_fault
     from argus_core.simulate.history import Incidents, record_history
     from argus_core.topology import Topology
@@ -60,17 +60,14 @@ def replay(workdir: str | Path, minutes: float = 20.0, store_url: str | None = N
                             f"from={steps // 3}")))
     healthy = SimConfig(job=HEALTHY_JOB, topology=Topology(dp=4), steps=2 * steps,
                         seed=seed + 1)
-    processor = Processor(ProcessorConfig(store=store_url, spool_dir=str(workdir / "spool"),
-                                          window_s=60, grace_s=5))
+    processor = ProcessorConfig(store=store_url, spool_dir=str(workdir / "spool"), window_s=60,
+                                grace_s=5)
     duration_s = minutes * 60
     start_ns = time.time_ns() - int((duration_s + 3600) * 1e9)  # ends an hour ago
-    try:
-        history = record_history(
-            [straggler, healthy], processor, start_ns, time_scale=TIME_SCALE,
-            incidents=Incidents(processor_outage=(duration_s * 0.45, duration_s * 0.45 + 60),
-                                bad_record_every_s=duration_s / 4))
-    finally:
-        processor.drain()
+    history = record_history(
+        [straggler, healthy], processor, start_ns, time_scale=TIME_SCALE,
+        incidents=Incidents(processor_outage=(duration_s * 0.45, duration_s * 0.45 + 60),
+                            bad_record_every_s=duration_s / 4))
     prometheus = LocalPrometheus(workdir / "prometheus")
     prometheus.backfill(history.openmetrics())
     prometheus.start()

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from argus_core.reader import load_traces
-from argus_core.schema import SchemaError, parse_record
+from argus_core.schema import MAX_TIMESTAMP_NS, SchemaError, parse_record
 from argus_core.trace import NO_GPU_T
 from argus_exporters import tracer as tracer_module
 from argus_exporters.clock import CudaClock, HostClock
@@ -200,8 +200,11 @@ STEP = {"v": 1, "kind": "step", "job": "j", "rank": 0, "step": 3, "t_ns": 10, "w
 def test_gpu_t_ns_is_optional_and_validated():
     assert parse_record(STEP).gpu_t_ns is None
     assert parse_record({**STEP, "gpu_t_ns": 12}).gpu_t_ns == 12
-    for bad, message in [(-1, ">= 0"), (2**63, "out of range"), (1.5, "integer"),
-                         (True, "integer"), ("12", "integer")]:
+    # The same clock as the kernels' start_ns (CUPTI's), so the same bound as every timestamp.
+    assert parse_record({**STEP, "gpu_t_ns": MAX_TIMESTAMP_NS}).gpu_t_ns == MAX_TIMESTAMP_NS
+    beyond = f"must be <= {MAX_TIMESTAMP_NS}"
+    for bad, message in [(-1, ">= 0"), (MAX_TIMESTAMP_NS + 1, beyond), (2**63, beyond),
+                         (1.5, "integer"), (True, "integer"), ("12", "integer")]:
         with pytest.raises(SchemaError) as err:
             parse_record({**STEP, "gpu_t_ns": bad})
         assert err.value.field == "gpu_t_ns" and message in err.value.message

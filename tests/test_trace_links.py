@@ -37,19 +37,49 @@ def run(processor: Processor, scenario) -> None:
     asyncio.run(serve_and_run())
 
 
-def written_processor(tmp_path: Path, store_url: str) -> Processor:
-    """A processor that has taken a simulated job's records and written every window."""
-    processor = Processor(ProcessorConfig(store=store_url, spool_dir=str(tmp_path / "spool"),
-                                          window_s=60, grace_s=5))
+def processor_config(tmp_path: Path, store_url: str) -> ProcessorConfig:
+    return ProcessorConfig(store=store_url, spool_dir=str(tmp_path / "spool"), window_s=60,
+                           grace_s=5)
+
+
+def job_records() -> tuple[bytes, int]:
+    """A simulated job's records as one gzip NDJSON body, and the time of its last record."""
     config = SimConfig(job=JOB, topology=Topology(dp=2), steps=30, seed=3)
+    records = [record for _, record in simulate(config)]
+    end_ns = max(int(max(r.get("start_ns", [0]))) if r["kind"] == "kernels"
+                 else r.get("t_ns", 0) for r in records)
     body = gzip.compress(b"".join(orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY)
-                                  + b"\n" for _, record in simulate(config)))
-    status, answer = processor.ingest(body, "gzip")
-    assert status == 200, answer
+                                  + b"\n" for record in records))
+    return body, end_ns
+
+
+def job_clock(end_ns: int):
+    """The processor's clock while the simulated job runs: just after its last record (the
+    job lives in simulated time, and intake refuses records a day older than its clock)."""
+    return lambda: end_ns + 1_000_000_000
+
+
+def write_windows(tmp_path: Path, store_url: str):
+    """A processor takes a simulated job's records and writes every window to the store;
+    returns the clock it ran on."""
+    body, end_ns = job_records()
+    clock = job_clock(end_ns)
+    processor = Processor(processor_config(tmp_path, store_url), clock_ns=clock)
+    processor.recover()  # at start, as the service does: opens the write-ahead log
+    answer = processor.ingest(body, "gzip")
+    assert answer.status == 200, answer.body
     for future in processor.close_due(everything=True):
         future.result(60)
     assert processor.uploader.flush(60)
-    return processor
+    processor.drain()
+    return clock
+
+
+def written_processor(tmp_path: Path, store_url: str) -> Processor:
+    """The processor serving links after :func:`write_windows`: restarted on the same spool
+    (its start replays the drained log)."""
+    clock = write_windows(tmp_path, store_url)
+    return Processor(processor_config(tmp_path, store_url), clock_ns=clock)
 
 
 def stored(store_url: str) -> dict[str, bytes]:
@@ -196,7 +226,7 @@ def test_file_route_serves_only_trace_keys_of_the_store(tmp_path):
 
 
 def test_cli_traces_open_prints_the_two_urls(tmp_path, s3, capsys):
-    written_processor(tmp_path, s3.url("traces"))
+    write_windows(tmp_path, s3.url("traces"))
     objects = stored(s3.url("traces"))
     key, start = window_of(objects, rank=1)
     argv = ["traces", "open", "--store", s3.url("traces"), "--job", JOB, "--rank", "1",

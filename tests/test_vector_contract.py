@@ -32,7 +32,7 @@ from support import free_port
 from vectorcheck import config as vconfig
 from vectorcheck import unit_tests, vrl, wire
 
-from argus_core.simulate import SimConfig, simulate
+from argus_core.simulate import SimConfig, retimed, simulate
 from argus_core.topology import Topology
 from argus_exporters import records as exporter_records
 from argus_exporters.clock import HostClock
@@ -158,9 +158,10 @@ def processor(tmp_path_factory):
     deadline = time.monotonic() + 60
     while True:
         try:
-            urllib.request.urlopen(f"{base}/healthz", timeout=1).close()
+            # Ready, not just alive: intake answers 503 until the log is replayed.
+            urllib.request.urlopen(f"{base}/readyz", timeout=1).close()
             break
-        except OSError:
+        except OSError:  # not listening yet, or 503 (urllib's HTTPError is an OSError)
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
                 raise RuntimeError(proc.communicate()[0].decode()) from None
@@ -204,10 +205,11 @@ def grew(before: dict, after: dict, name: str) -> float:
 
 
 def simulated_records(job: str) -> list[dict]:
-    """A small simulated job's records (every kind) as the agent's source decodes them."""
+    """A small simulated job's records (every kind) as the agent's source decodes them; the
+    job ran a minute ago (the processor refuses records far from its clock)."""
     config = SimConfig(job=job, topology=Topology(dp=2, tp=2), steps=11, seed=7)
     lines = b"".join(orjson.dumps(r, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE)
-                     for _, r in simulate(config))
+                     for _, r in retimed(simulate(config), time.time_ns() - 60 * 10**9))
     source = vconfig.load("agent.yaml", env={})["sources"]["argus_records"]
     return wire.decode_http_server(source, gzip.compress(lines), {"Content-Encoding": "gzip"},
                                    "/v1/records")

@@ -18,7 +18,15 @@ from hypothesis import strategies as st
 from vectorcheck import config as vconfig
 from vectorcheck import unit_tests, vrl, wire
 
-from argus_core.schema import SchemaError, parse_record
+from argus_core.schema import (
+    MAX_DURATION_S,
+    MAX_RANK,
+    MAX_STEP,
+    MAX_TEXT,
+    MAX_TIMESTAMP_NS,
+    SchemaError,
+    parse_record,
+)
 from argus_core.simulate import SimConfig, simulate
 from argus_core.topology import Topology
 from argus_exporters import records as exporter_records
@@ -189,23 +197,19 @@ def test_malformed_records_are_rejected_naming_the_field_the_schema_names(agent,
 VALUES = st.sampled_from([None, True, False, 0, 1, -1, 2, 20, 1.0, 1.5, -0.5, 2**40, "", "x",
                           "1", [], [0], [1, 2], [0, 1, 0], ["a"], ["a", 1], [-1, 2, 3], {},
                           {"dp": 1}, {"a": 0.1}, {"a": "x"}, {"zz": 1}, "DELETE"])
+# Values at and just past every bound schema v1 puts on a top-level field (and strings whose
+# UTF-8 bytes outnumber their characters: the bounds count characters).
+BOUNDS = [MAX_RANK, MAX_RANK + 1, MAX_RANK + 2, MAX_STEP, MAX_STEP + 1, MAX_TIMESTAMP_NS,
+          MAX_TIMESTAMP_NS + 1, 2**63 - 1, 2**63, MAX_DURATION_S, MAX_DURATION_S + 0.5,
+          int(MAX_DURATION_S) + 1, "x" * MAX_TEXT, "x" * (MAX_TEXT + 1), "é" * MAX_TEXT,
+          "é" * (MAX_TEXT + 1)]
+OPTIONAL = {"step": ["gpu_t_ns"]}  # top-level fields the valid records leave out
 
 
-@settings(max_examples=600, deadline=None, derandomize=False)
-@given(kind=st.sampled_from(KINDS), data=st.data())
-def test_the_agent_never_rejects_what_the_schema_accepts(agent, kind, data):
-    """Any one field of a valid record changed to any JSON value (or removed): if the
-    processor's schema accepts the record, the agent passes it; if the schema rejects it for a
-    top-level reason, the agent rejects it too, naming the same field. Element-level problems
-    (phases.x, name[3]...) are the processor's to name."""
-    record = valid(kind)
-    field = data.draw(st.sampled_from([*sorted(record), "world_size", "extra"]))
-    value = data.draw(VALUES)
-    if value == "DELETE":
-        record.pop(field, None)
-    else:
-        record[field] = value
-    record = through_the_wire([record])[0]
+def assert_agent_agrees_with_the_schema(agent: dict, record: dict) -> None:
+    """If the processor's schema accepts the record, the agent passes it unchanged; if the
+    schema rejects it for a top-level reason, the agent rejects it too, naming the same
+    field. Element-level problems (phases.x, name[3]...) are the processor's to name."""
     outcome = check(agent, record)
     try:
         parse_record(record)
@@ -216,6 +220,36 @@ def test_the_agent_never_rejects_what_the_schema_accepts(agent, kind, data):
             assert outcome.message.split(":")[0] == schema_field, (record, outcome.message)
     else:
         assert outcome.event == record, (record, outcome.message)
+
+
+@settings(max_examples=600, deadline=None, derandomize=False)
+@given(kind=st.sampled_from(KINDS), data=st.data())
+def test_the_agent_never_rejects_what_the_schema_accepts(agent, kind, data):
+    """Any one field of a valid record changed to any JSON value (or removed): the agent and
+    the schema agree (:func:`assert_agent_agrees_with_the_schema`)."""
+    record = valid(kind)
+    field = data.draw(st.sampled_from([*sorted(record), *OPTIONAL.get(kind, ()), "world_size",
+                                       "extra"]))
+    value = data.draw(st.one_of(VALUES, st.sampled_from(BOUNDS)))
+    if value == "DELETE":
+        record.pop(field, None)
+    else:
+        record[field] = value
+    assert_agent_agrees_with_the_schema(agent, through_the_wire([record])[0])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_agent_bounds_top_level_values_as_the_schema_does(agent, kind):
+    """Every top-level field at and just past each of schema v1's bounds (ranks, steps,
+    timestamps, one day, text length): the agent passes what the schema accepts and rejects,
+    naming the field, what it refuses, so a record the processor would refuse with a 400
+    never costs a request."""
+    fields = [f for f in (*valid(kind), *OPTIONAL.get(kind, ()))
+              if f not in ("v", "kind") and f not in ELEMENT_CHECKED]
+    for field in fields:
+        for value in BOUNDS:
+            record = through_the_wire([valid(kind) | {field: value}])[0]
+            assert_agent_agrees_with_the_schema(agent, record)
 
 
 def test_rejected_records_are_counted_with_bounded_label_values(agent):

@@ -2,8 +2,8 @@
 
 from argus_core.simulate.cases import CASES, Case, Expectation
 from argus_core.simulate.faults import Fault, parse_fault
-from argus_core.simulate.model import SimConfig, simulate, simulate_trace
+from argus_core.simulate.model import SimConfig, retimed, simulate, simulate_trace
 from argus_core.simulate.writer import write_records
 
-__all__ = ["CASES", "Case", "Expectation", "Fault", "SimConfig", "parse_fault", "simulate",
-           "simulate_trace", "write_records"]
+__all__ = ["CASES", "Case", "Expectation", "Fault", "SimConfig", "parse_fault", "retimed",
+           "simulate", "simulate_trace", "write_records"]

@@ -292,6 +292,29 @@ def simulate_trace(config: SimConfig) -> Trace:
     return Trace(config.job, ranks, steps, kernels, stacks)
 
 
+def retimed(records: Iterator[tuple[int, dict]], start_ns: int,
+            scale: float = 1.0) -> Iterator[tuple[int, dict]]:
+    """The records of :func:`simulate` moved to start at ``start_ns`` instead of
+    :data:`JOB_EPOCH_NS`, every duration multiplied by ``scale``: a simulated job that ran
+    at a chosen time (a processor refuses records a day older than its clock)."""
+    def at(t_ns):
+        return start_ns + ((t_ns - JOB_EPOCH_NS) * scale).astype("int64") \
+            if hasattr(t_ns, "astype") else start_ns + int((t_ns - JOB_EPOCH_NS) * scale)
+
+    for rank, record in records:
+        kind = record["kind"]
+        if kind == "step":
+            record = {**record, "t_ns": at(record["t_ns"]), "wall_s": record["wall_s"] * scale,
+                      "gpu_s": record["gpu_s"] * scale,
+                      "phases": {k: v * scale for k, v in record["phases"].items()}}
+        elif kind == "kernels":
+            record = {**record, "start_ns": at(record["start_ns"]),
+                      "dur_ns": (record["dur_ns"] * scale).astype("int64")}
+        elif kind == "stack":
+            record = {**record, "t_ns": at(record["t_ns"])}
+        yield rank, record
+
+
 def _step(job: _Job, step: int):
     """Kernel durations (ns) and phase times (s) of every rank for one step."""
     config, layout, rng = job.config, job.layout, job.rng

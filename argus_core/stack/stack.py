@@ -196,16 +196,19 @@ def up(config: StackConfig) -> Stack:
                         "--web.enable-lifecycle"], url["prometheus"] + "/-/ready"),
     }
     try:
-        # Every component only needs the others' addresses, known already: start them all,
-        # then wait for each (the processor spools uploads until the bucket exists).
+        # S3 and its bucket first: the processor is ready only once its store takes files.
+        # Every other component only needs the others' addresses, known already: start them
+        # all, then wait for each.
         for name in COMPONENTS:
             argv, ready = commands[name]
             stack.info["ready"][name] = ready
-            stack._add(start(name, argv, logs, env=stack.info["env"].get(name), url=url[name]),
-                       None)
+            process = stack._add(start(name, argv, logs, env=stack.info["env"].get(name),
+                                       url=url[name]), None)
+            if name == "s3":
+                wait_ready(process, ready, timeout=120)
+                _create_bucket(url["s3"], s3_env)
         for process in stack.processes:
             wait_ready(process, stack.info["ready"][process.name], timeout=120)
-        _create_bucket(url["s3"], s3_env)
         for job, argv in jobs:
             targets = files["targets"] / f"{job}.json"
             argv += ["--processor", f"{url['processor']}/v1/records", "--targets",
