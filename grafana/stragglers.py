@@ -40,7 +40,8 @@ def build() -> dm.Dashboard:
             f"L2 flags >= {q.L2_MIN_RATIO:g}x with a robust z past the job's family-wise "
             f"threshold (never below {q.L2_Z:g}). Communication phases are left out: waiting "
             "in a collective is not being slow (see the waiting panel and the scorer's "
-            "findings).",
+            "findings). Empty on an axis whose groups are pairs: a pair is decided by who "
+            "waits for whom, in the scorer's findings below.",
             "x", [p.query(q.RANK_PHASE_RATIO_MATRIX, instant=True, table=True)],
             steps=RATIO_STEPS, colored=True, w=12, h=10, links=[rank_drill, to_kernels],
             transformations=[p.transformation("groupingToMatrix", columnField="phase",

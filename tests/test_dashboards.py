@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from argus_core.rules.config import RulesConfig
-
 from argus_core.cli import main
+from argus_core.rules.config import RulesConfig
 from argus_grafana import generate, queries, schema
 
 ROOT = Path(__file__).resolve().parent.parent
