@@ -128,9 +128,11 @@ def _strip_strings(expr: str) -> str:
 JOBS = 'job=~"$job"'  # multi-value job variable (overview, pipeline)
 JOB = 'job="$job"'  # single job (stragglers, kernels)
 RATE = "$__rate_interval"
-# Labels that tell apart the members of one X-group: the rank itself, where it runs, the scrape
-# target it came from, and its coordinate on the axis X being compared.
-MEMBER_LABELS = "rank, host, instance"
+# What identifies a rank's phase series once every other label (host, instance, and whatever
+# target labels a deployment adds: pod, namespace, cluster) is dropped. A rank's group on axis X
+# is then every one of these labels but rank and X: matching on what remains, rather than
+# ignoring a fixed list, keeps the L2 panels working whatever labels the scrape adds.
+RANK_KEY = "job, rank, phase, dp, tp, pp, ep"
 
 
 def _per_rank_step(numerator: str, selector: str, window: str = RATE) -> str:
@@ -180,9 +182,10 @@ REGRESSION_ALERTS = f'ALERTS{{alertname="ArgusIterationRegression", alertstate="
 FIRING_ALERTS = (f'count by (alertname, job, rank, severity, level) ({ARGUS_ALERTS})')
 
 # -- L2: Stragglers --
-PHASE_SECONDS = f'argus_phase_window_seconds{{{JOB}, stat="median"}}'
+PHASE_SECONDS = (f'max by ({RANK_KEY}) (argus_phase_window_seconds{{{JOB}, stat="median"}})')
 """Each rank's phase time per step: the median of its last N steps (exporter gauge)."""
-RANK_PHASE_SECONDS = f'argus_phase_window_seconds{{{JOB}, stat="median", rank="$rank"}}'
+RANK_PHASE_SECONDS = (f'max by ({RANK_KEY}) (argus_phase_window_seconds{{{JOB},'
+                      f' stat="median", rank="$rank"}})')
 
 GROUP_MEDIAN = f'axis_group:argus_phase_seconds:median{{{JOB}, axis="$axis"}}'
 GROUP_THRESHOLD = f'axis_group:argus_phase_seconds:threshold{{{JOB}, axis="$axis"}}'
@@ -194,25 +197,24 @@ groups (never below the core's scale floor)."""
 FAMILY_Z = f"job:argus_l2_z:family{{{JOB}}}"
 """The z the L2 rules require in this job: Phi^-1(1 - alpha / N), N = every statistic judged,
 never below the core's z threshold."""
-# A rank's own series against its group's recorded statistic: the group is every label but the
-# member labels, the compared axis, the rolling-window stat and the rule's own axis label.
-_TO_GROUP = f"ignoring ({MEMBER_LABELS}, stat, axis, $axis) group_left"
+# A rank's own series against its group's recorded statistic: the group is the rank's key but
+# the rank and the compared axis (and the rule's own axis label, on the right).
+_TO_GROUP = "ignoring (rank, axis, $axis) group_left"
 
-PHASE_RATIO = f"max without (stat) ({PHASE_SECONDS} / {_TO_GROUP} {GROUP_MEDIAN})"
+PHASE_RATIO = f"{PHASE_SECONDS} / {_TO_GROUP} {GROUP_MEDIAN}"
 """Each rank's compute-phase time over its $axis group's median (recorded by the L2 rules;
 communication phases have no median there: waiting is not slowness)."""
-PHASE_ROBUST_Z = (f"max without (stat) (ln({PHASE_SECONDS} / {_TO_GROUP} {GROUP_MEDIAN})"
-                  f" / on (job, phase) group_left {LOG_RATIO_SCALE})")
+PHASE_ROBUST_Z = (f"ln({PHASE_SECONDS} / {_TO_GROUP} {GROUP_MEDIAN})"
+                  f" / on (job, phase) group_left {LOG_RATIO_SCALE}")
 """Each rank's robust z in the core's units: ln(time / group median) over the pooled spread."""
 RANK_PHASE_RATIO_MATRIX = f"max by (rank, phase) ({PHASE_RATIO})"
 WORST_PHASE_RATIO_BY_RANK = f"max by (rank) ({PHASE_RATIO})"
 WORST_RANKS = f"topk(10, {RANK_PHASE_RATIO_MATRIX})"
 WORST_RANKS_Z = f"max by (rank, phase) ({PHASE_ROBUST_Z})"
 VERDICTS = f"max by (rank, cause) (argus_verdict{{{JOB}}})"
-RANK_GROUP_MEDIAN = (f"{GROUP_MEDIAN} and ignoring ({MEMBER_LABELS}, stat, axis, $axis)"
-                     f" {RANK_PHASE_SECONDS}")
+RANK_GROUP_MEDIAN = f"{GROUP_MEDIAN} and ignoring (rank, axis, $axis) {RANK_PHASE_SECONDS}"
 """The median of the selected rank's $axis group, per phase (to draw beside the rank's own)."""
-RANK_GROUP_THRESHOLD = (f"{GROUP_THRESHOLD} and ignoring ({MEMBER_LABELS}, stat, axis, $axis)"
+RANK_GROUP_THRESHOLD = (f"{GROUP_THRESHOLD} and ignoring (rank, axis, $axis)"
                         f" {RANK_PHASE_SECONDS}")
 """Where the L2 rules would flag the selected rank, per phase."""
 SCORER_PHASE_FINDINGS = (f"max by (rank, phase, axis, kind)"

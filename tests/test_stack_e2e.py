@@ -20,7 +20,8 @@ import pytest
 from promtools import binary
 
 from argus_core.rules.alerts import FAIL_SLOW
-from argus_core.stack.stack import Stack
+from argus_core.rules.config import format_duration
+from argus_core.stack.stack import Stack, StackConfig
 
 PAGE_BOUND_S = 90.0  # fault onset -> ArgusStragglerRank at the webhook (README; ~45 s measured)
 JOBS = ("compute-straggler", "link-degradation", "jit-stall", "healthy")
@@ -117,6 +118,38 @@ def test_host_stalls_name_the_stalled_rank(stack):
     ranks = {labels["rank"] for _, labels in firing(stack)
              if is_alert("ArgusHostStall", "jit-stall")(labels)}
     assert ranks == {"3"}
+
+
+def test_every_dashboard_query_has_data_on_the_live_stack(stack):
+    """Grafana's view of the live stack: every panel, annotation and variable query of every
+    dashboard returns data for at least one live job, and none is skipped: the recording
+    rules, the scorer, live alert evaluation and scrape series are all here. Only the panels
+    that list trouble this stack does not have may be empty (and must still be valid)."""
+    from argus_grafana import check
+
+    nothing_wrong = {  # panel [query]: why it has nothing to show on this stack
+        "Exporter drops [A]": "no exporter drops a record",
+        "Processor rejected records [A]": "the processor rejects nothing",
+        "Probe states [A]": "simulated jobs run no kernel or stack probe",
+        "Scorer's L2 findings: stages, pairs, collectives [A]": "no pipeline-stage, pair or "
+        "collective finding (the link job's two TP groups are too few to compare)"}
+    scrape_s = StackConfig(stack.workdir).rules.scrape_interval  # the fixture's time scale
+    rate = format_duration(4 * scrape_s)  # Grafana's $__rate_interval: 4 scrape intervals
+    outcomes: dict[tuple[str, str], list[check.Outcome]] = {}
+    for job in JOBS:
+        for axis in ("dp", "tp"):
+            report = check.check_all(stack.urls["prometheus"], job=job, rate_interval=rate,
+                                     range_="3m", values={"axis": axis})
+            for outcome in report.outcomes:
+                outcomes.setdefault((outcome.dashboard, outcome.where), []).append(outcome)
+    skipped = [o[0].line() for o in outcomes.values() if o[0].status == "skipped"]
+    assert not skipped, "\n".join(skipped)
+    never = [next(o for o in tried if o.status != "ok") for tried in outcomes.values()
+             if not any(o.status == "ok" for o in tried)]
+    unexplained = [o.line() for o in never
+                   if not (o.status == "empty" and o.where in nothing_wrong)]
+    assert not unexplained, "\n".join(unexplained)
+    assert len(outcomes) >= 55  # every dashboard query and variable was tried
 
 
 def _unexpected(stack: Stack, since: float) -> list[tuple]:
