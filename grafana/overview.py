@@ -30,9 +30,9 @@ def build() -> dm.Dashboard:
         "L1: each job's iteration time (its slowest rank), spikes, regressions, Argus alerts "
         "and the GPU-hours lost to fail-slow. Start here when an Argus alert fires.",
         ["L1"], [p.datasource_variable(), p.job_variable(multi=True)])
-        .annotation(_annotation("Spikes (slowest recent step >= 1.5x median)",
+        .annotation(_annotation(f"Spikes (slowest recent step >= {q.SPIKE_RATIO:g}x median)",
                                 q.SPIKE_MARKERS, "orange"))
-        .annotation(_annotation("Regressions (rules: recent >= 1.1x baseline)",
+        .annotation(_annotation(f"Regressions (rules: recent >= {q.MIN_REGRESSION:g}x baseline)",
                                 q.REGRESSION_MARKERS, "red"))
         .annotation(_annotation("Argus alerts", q.ARGUS_ALERTS, "purple"))
         .with_panel(p.stat_panel(
@@ -53,8 +53,10 @@ def build() -> dm.Dashboard:
             "short", p.query(q.RANKS, "{{job}}", instant=True)))
         .with_panel(p.timeseries(
             "Iteration time per job", "Slowest rank's mean step time (solid), the slowest of "
-            "its last N steps (window max: spikes), and the L1 rules' baseline (median of the "
-            "hour before the last 10 minutes). Markers: spikes, regressions, Argus alerts.",
+            "its last N steps (window max: spikes), and the L1 rules' baseline: the job's best "
+            f"pace (lowest {q.REGRESSION_RECENT} median) in the {q.REGRESSION_BASELINE} before "
+            f"the last {q.REGRESSION_RECENT}, so a lasting slowdown never becomes its own "
+            "baseline. Markers: spikes, regressions, Argus alerts.",
             "s", [p.query(q.ITERATION_SECONDS, "{{job}} iteration", ref="A"),
                   p.query(q.SLOWEST_RECENT_STEP, "{{job}} slowest recent step", ref="B"),
                   p.query(q.BASELINE_SECONDS, "{{job}} baseline", ref="C")],
@@ -65,8 +67,9 @@ def build() -> dm.Dashboard:
             [p.query(q.SPIKE_RATIO_NOW, "{{job}}")], w=8,
             steps=p.above((q.SPIKE_RATIO, "red")), threshold_line=True, minimum=1))
         .with_panel(p.timeseries(
-            "Regression ratio", "Median iteration time of the last 10 minutes over the hour "
-            f"before (L1 recording rule). >= {q.MIN_REGRESSION}x is a regression.", "x",
+            "Regression ratio", f"Median iteration time of the last {q.REGRESSION_RECENT} over "
+            "the job's best pace before it (L1 recording rule). "
+            f">= {q.MIN_REGRESSION:g}x is a regression.", "x",
             [p.query(q.REGRESSION_RATIO, "{{job}}")], w=8,
             steps=p.above((q.MIN_REGRESSION, "red")), threshold_line=True))
         .with_panel(p.timeseries(

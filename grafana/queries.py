@@ -23,6 +23,10 @@ from __future__ import annotations
 
 import re
 
+from argus_core.detect.l3 import L3Config
+from argus_core.rules.config import RulesConfig, format_duration
+from argus_exporters.config import Settings
+
 EXPORTER, PROCESSOR, RULES, SCORER, ALERTS, PROMETHEUS = (
     "exporter", "processor", "rules", "scorer", "alerts", "prometheus")
 
@@ -32,14 +36,18 @@ PROCESSOR_SCRAPE_JOB = "argus-processor"
 SCORER_SCRAPE_JOB = "argus-scorer"
 ARGUS_SCRAPE_JOBS = f"{EXPORTERS_SCRAPE_JOB}|{PROCESSOR_SCRAPE_JOB}|{SCORER_SCRAPE_JOB}"
 
-# -- thresholds shown on panels: the core's (argus_core.detect L1Config / L2Config) --
-SPIKE_RATIO = 1.5  # L1Config.spike_ratio
-MIN_REGRESSION = 1.1  # L1Config.min_regression
-L2_MIN_RATIO = 1.25  # a rank flagged at L2 is at least this much slower than its group
-L2_Z = 4.0  # and this many robust standard deviations away
-L3_MIN_SCORE = 0.15  # an L3 flag needs at least 15% extra time over the reference
+# -- thresholds shown on panels: the rules' (RulesConfig reads them from the core's L1Config /
+# L2Config), the core's L3Config and the exporters' defaults; one config, nothing restated here --
+_RULES = RulesConfig()
+SPIKE_RATIO = _RULES.spike_ratio
+MIN_REGRESSION = _RULES.min_regression
+REGRESSION_RECENT = format_duration(_RULES.regression_recent)  # window of the recent median
+REGRESSION_BASELINE = format_duration(_RULES.regression_baseline)  # best pace looked back on
+L2_MIN_RATIO = _RULES.l2_min_ratio  # a rank flagged at L2 is at least this much slower ...
+L2_Z = _RULES.l2_z  # ... and at least this many robust spreads away (more in large jobs)
+L3_MIN_SCORE = L3Config().min_score  # an L3 flag needs at least this much extra kernel time
 EXPORTER_CPU_BUDGET = 0.02  # the exporters' promise: < 2% of step time
-EXPORTER_QUEUE_RECORDS = 4096  # ARGUS_QUEUE_RECORDS default: drops start here
+EXPORTER_QUEUE_RECORDS = Settings().queue_records  # ARGUS_QUEUE_RECORDS: drops start here
 
 # -- names, by the component that produces them --
 METRICS: dict[str, str] = {
@@ -57,6 +65,7 @@ METRICS: dict[str, str] = {
     "argus_exporter_cpu_seconds_total": EXPORTER,
     "argus_exporter_dropped_records_total": EXPORTER,
     "argus_exporter_probe_up": EXPORTER,
+    "argus_phase_order_info": EXPORTER,
     # processor (per host)
     "argus_kernel_duration_seconds": PROCESSOR,
     "argus_kernel_executions": PROCESSOR,
@@ -72,16 +81,22 @@ METRICS: dict[str, str] = {
     "argus_processor_buffered_kernel_events": PROCESSOR,
     "argus_processor_open_windows": PROCESSOR,
     # recording rules (recording_rules/argus.rules.yml, issue 12)
+    "job:argus_iteration_seconds:recent_median": RULES,
     "job:argus_iteration_seconds:baseline_median": RULES,
     "job:argus_iteration_regression:ratio": RULES,
     "axis_group:argus_phase_seconds:median": RULES,
-    "axis_group:argus_phase_seconds:scale": RULES,
+    "axis_group:argus_phase_seconds:threshold": RULES,
+    "job_phase:argus_phase_log_ratio:scale": RULES,
+    "job:argus_l2_z:family": RULES,
     # alert rules (alerting/argus.alerts.yml, issue 12): Prometheus's ALERTS series
     "ALERTS": ALERTS,
     # the W1 scoring job (argus score, issue 12)
     "argus_kernel_w1_score": SCORER,
     "argus_kernel_straggler": SCORER,
     "argus_verdict": SCORER,
+    "argus_phase_straggler_ratio": SCORER,
+    "argus_rank_wait_seconds": SCORER,
+    "argus_scorer_l2_tests": SCORER,
     "argus_scorer_last_success_timestamp_seconds": SCORER,
     "argus_scorer_round_duration_seconds": SCORER,
     "argus_scorer_query_failures_total": SCORER,
@@ -113,9 +128,11 @@ def _strip_strings(expr: str) -> str:
 JOBS = 'job=~"$job"'  # multi-value job variable (overview, pipeline)
 JOB = 'job="$job"'  # single job (stragglers, kernels)
 RATE = "$__rate_interval"
-# Labels that tell apart the members of one X-group: the rank itself, where it runs, the scrape
-# target it came from, and its coordinate on the axis X being compared.
-MEMBER_LABELS = "rank, host, instance"
+# What identifies a rank's phase series once every other label (host, instance, and whatever
+# target labels a deployment adds: pod, namespace, cluster) is dropped. A rank's group on axis X
+# is then every one of these labels but rank and X: matching on what remains, rather than
+# ignoring a fixed list, keeps the L2 panels working whatever labels the scrape adds.
+RANK_KEY = "job, rank, phase, dp, tp, pp, ep"
 
 
 def _per_rank_step(numerator: str, selector: str, window: str = RATE) -> str:
@@ -165,29 +182,45 @@ REGRESSION_ALERTS = f'ALERTS{{alertname="ArgusIterationRegression", alertstate="
 FIRING_ALERTS = (f'count by (alertname, job, rank, severity, level) ({ARGUS_ALERTS})')
 
 # -- L2: Stragglers --
-PHASE_SECONDS = f'argus_phase_window_seconds{{{JOB}, stat="median"}}'
+PHASE_SECONDS = (f'max by ({RANK_KEY}) (argus_phase_window_seconds{{{JOB}, stat="median"}})')
 """Each rank's phase time per step: the median of its last N steps (exporter gauge)."""
-RANK_PHASE_SECONDS = f'argus_phase_window_seconds{{{JOB}, stat="median", rank="$rank"}}'
+RANK_PHASE_SECONDS = (f'max by ({RANK_KEY}) (argus_phase_window_seconds{{{JOB},'
+                      f' stat="median", rank="$rank"}})')
 
 GROUP_MEDIAN = f'axis_group:argus_phase_seconds:median{{{JOB}, axis="$axis"}}'
-GROUP_SCALE = f'axis_group:argus_phase_seconds:scale{{{JOB}, axis="$axis"}}'
-# A rank's own series against its group's recorded statistic: the group is every label but the
-# member labels, the compared axis, the rolling-window stat and the rule's own axis label.
-_TO_GROUP = f"ignoring ({MEMBER_LABELS}, stat, axis, $axis) group_left"
+GROUP_THRESHOLD = f'axis_group:argus_phase_seconds:threshold{{{JOB}, axis="$axis"}}'
+"""Per group and compute phase, the time above which the L2 rules flag a rank (the group median
+x max(min ratio, exp(z x scale)), the z family-wise over the whole job)."""
+LOG_RATIO_SCALE = f'job_phase:argus_phase_log_ratio:scale{{{JOB}, axis="$axis"}}'
+"""Per compute phase, the robust spread of ln(time / group median) pooled over the $axis
+groups (never below the core's scale floor)."""
+FAMILY_Z = f"job:argus_l2_z:family{{{JOB}}}"
+"""The z the L2 rules require in this job: Phi^-1(1 - alpha / N), N = every statistic judged,
+never below the core's z threshold."""
+# A rank's own series against its group's recorded statistic: the group is the rank's key but
+# the rank and the compared axis (and the rule's own axis label, on the right).
+_TO_GROUP = "ignoring (rank, axis, $axis) group_left"
 
-PHASE_RATIO = f"max without (stat) ({PHASE_SECONDS} / {_TO_GROUP} {GROUP_MEDIAN})"
+PHASE_RATIO = f"{PHASE_SECONDS} / {_TO_GROUP} {GROUP_MEDIAN}"
 """Each rank's compute-phase time over its $axis group's median (recorded by the L2 rules;
 communication phases have no median there: waiting is not slowness)."""
-PHASE_ROBUST_Z = (f"max without (stat) (({PHASE_SECONDS} - {_TO_GROUP} {GROUP_MEDIAN})"
-                  f" / {_TO_GROUP} {GROUP_SCALE})")
+PHASE_ROBUST_Z = (f"ln({PHASE_SECONDS} / {_TO_GROUP} {GROUP_MEDIAN})"
+                  f" / on (job, phase) group_left {LOG_RATIO_SCALE}")
+"""Each rank's robust z in the core's units: ln(time / group median) over the pooled spread."""
 RANK_PHASE_RATIO_MATRIX = f"max by (rank, phase) ({PHASE_RATIO})"
 WORST_PHASE_RATIO_BY_RANK = f"max by (rank) ({PHASE_RATIO})"
 WORST_RANKS = f"topk(10, {RANK_PHASE_RATIO_MATRIX})"
 WORST_RANKS_Z = f"max by (rank, phase) ({PHASE_ROBUST_Z})"
 VERDICTS = f"max by (rank, cause) (argus_verdict{{{JOB}}})"
-RANK_GROUP_MEDIAN = (f"{GROUP_MEDIAN} and ignoring ({MEMBER_LABELS}, stat, axis, $axis)"
-                     f" {RANK_PHASE_SECONDS}")
+RANK_GROUP_MEDIAN = f"{GROUP_MEDIAN} and ignoring (rank, axis, $axis) {RANK_PHASE_SECONDS}"
 """The median of the selected rank's $axis group, per phase (to draw beside the rank's own)."""
+RANK_GROUP_THRESHOLD = (f"{GROUP_THRESHOLD} and ignoring (rank, axis, $axis)"
+                        f" {RANK_PHASE_SECONDS}")
+"""Where the L2 rules would flag the selected rank, per phase."""
+SCORER_PHASE_FINDINGS = (f"max by (rank, phase, axis, kind)"
+                         f" (argus_phase_straggler_ratio{{{JOB}}})")
+"""The L2 findings PromQL cannot make, from the scorer: pipeline stages compared where they do
+alike work, pairs decided by who waits, collectives judged on transfer time (waiting removed)."""
 
 HOST_SECONDS_PER_STEP = (
     f"(rate(argus_step_seconds_total{{{JOB}}}[{RATE}])"
@@ -196,12 +229,10 @@ HOST_SECONDS_PER_STEP = (
 """Host time per step (wall - GPU) by rank: a rank stalled on the host (JIT, GC, data loader)
 stands out while its GPU time does not."""
 
-_AXIS_COLLECTIVES = f'argus_phase_window_seconds{{{JOB}, stat="median", phase=~"$axis-.*"}}'
-COLLECTIVE_WAIT_SECONDS = (
-    f"max without (stat) ({_AXIS_COLLECTIVES} - ignoring ({MEMBER_LABELS}, $axis) group_left"
-    f" min without ({MEMBER_LABELS}, $axis) ({_AXIS_COLLECTIVES}))")
-"""Time each rank spends in its $axis collectives beyond its group's shortest member: the
-ranks that wait are victims; the one that never waits arrives last (look at it)."""
+RANK_WAIT_SECONDS = f"max by (rank) (argus_rank_wait_seconds{{{JOB}}})"
+"""Per rank, the time per step it waits in collectives for late peers, measured by the scorer
+from arrival skew (when each rank entered the collective against the last arriver): the
+ranks that wait are victims; the one that never waits arrives last."""
 
 # -- L3: Kernels --
 _KERNEL = f'{JOB}, rank=~"$rank", kernel="$kernel"'
@@ -249,4 +280,4 @@ VAR_JOB = "label_values(argus_steps_total, job)"
 VAR_RANK = f"label_values(argus_steps_total{{{JOB}}}, rank)"
 VAR_KERNEL_RANK = f"label_values(argus_kernel_executions{{{JOB}}}, rank)"
 VAR_KERNEL = f"label_values(argus_kernel_executions{{{JOB}}}, kernel)"
-AXES = ("dp", "tp", "pp", "ep")
+AXES = _RULES.axes  # the axes whose groups the L2 rules record (pp is the scorer's)

@@ -3,7 +3,8 @@
 A rank x phase matrix of the ratio to the group median along ``$axis`` (the ranks that differ
 from it only on that axis), the same over time, the worst ranks with their robust z and the
 scorer's verdict, and for ``$rank`` its phases against its group's median. Host time and
-collective waiting tell host stalls and late arrivals apart from slow compute.
+waiting measured from arrival skew tell host stalls and late arrivals apart from slow compute;
+the scorer's findings cover what PromQL cannot judge (pipeline stages, pairs, collectives).
 """
 
 from __future__ import annotations
@@ -36,16 +37,20 @@ def build() -> dm.Dashboard:
         .with_panel(p.table(
             "Rank x phase: ratio to the $axis group median", "Each rank's compute-phase time "
             "(median of its last N steps) over the median of its $axis group, now. "
-            f"L2 flags >= {q.L2_MIN_RATIO}x with a robust z >= {q.L2_Z:g}. Communication phases "
-            "are left out: waiting in a collective is not being slow (see the waiting panel).",
+            f"L2 flags >= {q.L2_MIN_RATIO:g}x with a robust z past the job's family-wise "
+            f"threshold (never below {q.L2_Z:g}). Communication phases are left out: waiting "
+            "in a collective is not being slow (see the waiting panel and the scorer's "
+            "findings). Empty on an axis whose groups are pairs: a pair is decided by who "
+            "waits for whom, in the scorer's findings below.",
             "x", [p.query(q.RANK_PHASE_RATIO_MATRIX, instant=True, table=True)],
             steps=RATIO_STEPS, colored=True, w=12, h=10, links=[rank_drill, to_kernels],
             transformations=[p.transformation("groupingToMatrix", columnField="phase",
                                               rowField="rank", valueField="Value")]))
         .with_panel(p.table(
             "Worst ranks", "The ten slowest (rank, phase) pairs against their $axis group: the "
-            "ratio, the robust z ((time - median) / scale, both recorded by the L2 rules) and "
-            "the scorer's verdict for the rank. Click a rank to drill down.", "x",
+            "ratio, the robust z (ln(time / group median) over the spread pooled across the $axis "
+            "groups, both recorded by the L2 rules) and the scorer's verdict for the rank. "
+            "Click a rank to drill down.", "x",
             [p.query(q.WORST_RANKS, instant=True, table=True, ref="A"),
              p.query(q.WORST_RANKS_Z, instant=True, table=True, ref="B"),
              p.query(q.VERDICTS, instant=True, table=True, ref="C")],
@@ -64,11 +69,25 @@ def build() -> dm.Dashboard:
             p.query(q.WORST_PHASE_RATIO_BY_RANK, "{{rank}}"), links=[series_drill]))
         .with_panel(p.timeseries(
             "Rank $rank: phases against its $axis group median", "The selected rank's "
-            "compute-phase times (solid) and its $axis group's median per phase (L2 rules). "
-            "A gap that opens at one time and stays is a straggler.", "s",
+            "compute-phase times, its $axis group's median per phase and the time above which "
+            "the L2 rules flag it (all recorded by the L2 rules). A rank that crosses its "
+            "threshold and stays there is a straggler.", "s",
             [p.query(q.RANK_PHASE_SECONDS, "rank $rank {{phase}}", ref="A"),
-             p.query(q.RANK_GROUP_MEDIAN, "group median {{phase}}", ref="B")],
+             p.query(q.RANK_GROUP_MEDIAN, "group median {{phase}}", ref="B"),
+             p.query(q.RANK_GROUP_THRESHOLD, "flagged above {{phase}}", ref="C")],
             w=24, h=9, minimum=0))
+        .with_panel(p.table(
+            "Scorer's L2 findings: stages, pairs, collectives", "What PromQL cannot judge, "
+            "from the scorer (the core's own L2): pipeline stages compared only where they do "
+            "alike work, pairs decided by who waits, and collectives judged on their transfer "
+            "time with the waiting for late arrivers removed (kind communication: suspect the "
+            "link). Empty when nothing is found.", "x",
+            [p.query(q.SCORER_PHASE_FINDINGS, instant=True, table=True)],
+            steps=RATIO_STEPS, colored=True, w=24, h=7, links=[rank_drill, to_kernels],
+            transformations=[p.transformation("organize", excludeByName={"Time": True},
+                                              renameByName={"Value": "ratio"}),
+                             p.transformation("sortBy",
+                                              sort=[{"field": "ratio", "desc": True}])]))
         .with_panel(p.timeseries(
             "Host time per step (wall - GPU)", "Per rank, host-side time per step: a rank "
             "stalled on the host (JIT compilation, GC, data loading) rises here while its GPU "
@@ -76,9 +95,10 @@ def build() -> dm.Dashboard:
             [p.query(q.HOST_SECONDS_PER_STEP, "rank {{rank}}")], w=12, minimum=0,
             links=[series_drill]))
         .with_panel(p.timeseries(
-            "Waiting in $axis collectives", "Per rank, its time in each $axis collective "
-            "beyond the shortest member of its group: the ranks that wait are victims; the "
-            "one that never waits arrives last and is the one to look at.", "s",
-            [p.query(q.COLLECTIVE_WAIT_SECONDS, "rank {{rank}} {{phase}}")], w=12, minimum=0,
+            "Waiting for late peers", "Per rank, the time per step it waits in collectives "
+            "for peers that arrive later (the scorer measures arrival skew: when each rank "
+            "entered the collective against the last arriver). The ranks that wait are "
+            "victims; the one that never waits arrives last and is the one to look at.", "s",
+            [p.query(q.RANK_WAIT_SECONDS, "rank {{rank}}")], w=12, minimum=0,
             links=[series_drill])))
     return p.assign_ids(board.build())

@@ -25,6 +25,9 @@ from argus_grafana.prometheus import api, available
 ROOT = Path(__file__).resolve().parent.parent
 MINUTES = 15.0
 LIVE_ONLY = {q.ALERTS, q.SCORER, q.PROMETHEUS}  # never in a backfilled history
+L2_GROUP_RULES = ("axis_group:argus_phase_seconds:median",
+                  "axis_group:argus_phase_seconds:threshold",
+                  "job_phase:argus_phase_log_ratio:scale")
 
 
 def _rule_files() -> list[Path]:
@@ -64,17 +67,26 @@ def instant(replay, expr: str, at: float | None = None, **values) -> dict[str, f
     {"axis": "dp", "rank": str(scenario.STRAGGLER_RANK)},
     {"axis": "tp", "rank": "0"},
     {"job": scenario.HEALTHY_JOB, "axis": "dp"},
-], ids=["straggler-dp-rank5", "straggler-tp-rank0", "healthy-dp"])
+], ids=["straggler-dp-rank5", "straggler-tp-pairs-rank0", "healthy-dp"])
 def test_every_query_returns_data_or_is_skipped_for_a_stated_reason(replayed, values):
     report = run_check(replayed, **values)
     print(report.text())  # pytest -s shows what was checked and what was skipped, and why
-    assert report.failed == [], "\n".join(o.line() for o in report.failed)
+    failed = report.failed
+    if values["axis"] == "tp" and replayed.recorded_rules:
+        # The straggler job's TP groups are pairs (tp=2): the L2 rules compare groups of three
+        # or more (a pair is decided by who waits: the scorer's), so the panels that read the
+        # rules' group statistics are empty on this axis, and only those.
+        pair_panels = {o.where for o in failed if o.status == "empty"
+                       and q.metric_names(o.expr) & set(L2_GROUP_RULES)}
+        assert pair_panels, "the tp axis has pairs only: its group panels should be empty"
+        failed = [o for o in failed if o.where not in pair_panels]
+    assert failed == [], "\n".join(o.line() for o in failed)
     allowed = LIVE_ONLY | ({q.RULES} if not replayed.recorded_rules else set())
     for outcome in report.skipped:
         reason = next(s for s, text in check.SKIP_REASONS.items() if text == outcome.detail)
         assert reason in allowed, outcome.line()
     checked = [o for o in report.outcomes if o.status == "ok"]
-    assert len(checked) >= 35
+    assert len(checked) >= 30
 
 
 def test_every_exporter_and_processor_query_is_checked_not_skipped(replayed):

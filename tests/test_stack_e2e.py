@@ -20,8 +20,10 @@ import pytest
 from promtools import binary
 
 from argus_core.rules.alerts import FAIL_SLOW
-from argus_core.stack.stack import Stack
+from argus_core.rules.config import format_duration
+from argus_core.stack.stack import Stack, StackConfig
 
+ROOT = Path(__file__).resolve().parent.parent
 PAGE_BOUND_S = 90.0  # fault onset -> ArgusStragglerRank at the webhook (README; ~45 s measured)
 JOBS = ("compute-straggler", "link-degradation", "jit-stall", "healthy")
 
@@ -117,6 +119,73 @@ def test_host_stalls_name_the_stalled_rank(stack):
     ranks = {labels["rank"] for _, labels in firing(stack)
              if is_alert("ArgusHostStall", "jit-stall")(labels)}
     assert ranks == {"3"}
+
+
+def test_every_dashboard_query_has_data_on_the_live_stack(stack):
+    """Grafana's view of the live stack: every panel, annotation and variable query of every
+    dashboard returns data for at least one live job, and none is skipped: the recording
+    rules, the scorer, live alert evaluation and scrape series are all here. Only the panels
+    that list trouble this stack does not have may be empty (and must still be valid)."""
+    from argus_grafana import check
+
+    nothing_wrong = {  # panel [query]: why it has nothing to show on this stack
+        "Exporter drops [A]": "no exporter drops a record",
+        "Processor rejected records [A]": "the processor rejects nothing",
+        "Probe states [A]": "simulated jobs run no kernel or stack probe",
+        "Scorer's L2 findings: stages, pairs, collectives [A]": "no pipeline-stage, pair or "
+        "collective finding (the link job's two TP groups are too few to compare)"}
+    scrape_s = StackConfig(stack.workdir).rules.scrape_interval  # the fixture's time scale
+    rate = format_duration(4 * scrape_s)  # Grafana's $__rate_interval: 4 scrape intervals
+    outcomes: dict[tuple[str, str], list[check.Outcome]] = {}
+    for job in JOBS:
+        for axis in ("dp", "tp"):
+            report = check.check_all(stack.urls["prometheus"], job=job, rate_interval=rate,
+                                     range_="3m", values={"axis": axis})
+            for outcome in report.outcomes:
+                outcomes.setdefault((outcome.dashboard, outcome.where), []).append(outcome)
+    skipped = [o[0].line() for o in outcomes.values() if o[0].status == "skipped"]
+    assert not skipped, "\n".join(skipped)
+    never = [next(o for o in tried if o.status != "ok") for tried in outcomes.values()
+             if not any(o.status == "ok" for o in tried)]
+    unexplained = [o.line() for o in never
+                   if not (o.status == "empty" and o.where in nothing_wrong)]
+    assert not unexplained, "\n".join(unexplained)
+    assert len(outcomes) >= 55  # every dashboard query and variable was tried
+
+
+def test_a_kernel_panel_click_opens_the_window_the_stack_wrote(stack):
+    """The Kernels dashboard's data link, filled in as Grafana would for the straggler's point
+    now, redirects to a presigned URL of the S3 server whose bytes are that rank's newest
+    Perfetto window in the bucket."""
+    import urllib.request
+    from urllib.parse import quote, unquote, urlsplit
+
+    import boto3
+
+    from argus_core.processor.store import parse_key
+
+    board = json.loads((ROOT / "grafana/dashboards/argus-kernels.json").read_text())
+    templates = {link["url"] for panel in board["panels"] for link in
+                 panel.get("fieldConfig", {}).get("defaults", {}).get("links", ())
+                 if "/v1/traces/open" in link["url"] and "__value.time" in link["url"]}
+    assert templates, "no per-point trace link on the Kernels dashboard"
+    url = (next(iter(templates)).replace("${traces}", stack.urls["processor"])
+           .replace("${job:percentencode}", quote("compute-straggler", safe=""))
+           .replace("${__field.labels.rank}", "5")
+           .replace("${__value.time}", str(int(time.time() * 1000))))
+    with urllib.request.urlopen(url, timeout=30) as answer:  # follows the redirect to S3
+        final, body = answer.geturl(), answer.read()
+    assert final.startswith(stack.urls["s3"]) and "Signature" in final
+    bucket, key = unquote(urlsplit(final).path).lstrip("/").split("/", 1)
+    ref = parse_key(key)
+    assert (bucket, ref.job, ref.rank) == (stack.info["bucket"], "compute-straggler", 5)
+    env = stack.info["env"]["processor"]
+    s3 = boto3.client("s3", endpoint_url=stack.urls["s3"],
+                      aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                      aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+                      region_name=env["AWS_DEFAULT_REGION"])
+    assert body[:2] == b"\x1f\x8b"  # a gzip Perfetto file, not an error page
+    assert body == s3.get_object(Bucket=bucket, Key=key)["Body"].read()
 
 
 def _unexpected(stack: Stack, since: float) -> list[tuple]:
