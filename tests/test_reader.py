@@ -201,6 +201,32 @@ def test_stdin_rejects_are_reported_with_source_dash(monkeypatch):
     assert result.records == 2
 
 
+def test_gzip_on_stdin_is_decompressed(monkeypatch):
+    """'-' fed a gzip stream (``cat spool/*.ndjson.gz | argus diagnose -``) reads its records."""
+    data = gzip.compress(f"{rank_rec(0)}\n{step_rec(0, 1)}\n".encode())
+    monkeypatch.setattr("sys.stdin", types.SimpleNamespace(buffer=io.BytesIO(data)))
+    result = load_traces(["-"])
+    assert result.rejected == 0
+    assert result.traces["j"].steps.step.tolist() == [1]
+
+
+def test_truncated_gzip_keeps_its_lines_and_the_other_files(tmp_path):
+    """A .gz cut short (a job killed mid-write, a partial copy) is a reject naming the file, not
+    a crash: its complete lines and every other file still load."""
+    good = tmp_path / "rank-0.ndjson"
+    write_lines(good, [rank_rec(0), step_rec(0, 0)])
+    lines = [rank_rec(1)] + [step_rec(1, step) for step in range(400)]
+    whole = gzip.compress("".join(f"{text}\n" for text in lines).encode())
+    (tmp_path / "rank-1.ndjson.gz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "rank-2.ndjson.gz").write_bytes(b"\x1f\x8bnot a gzip stream")
+    result = load_traces([tmp_path])
+    steps = result.traces["j"].steps
+    assert sorted(set(steps.rank.tolist())) == [0, 1]
+    assert 0 < int((steps.rank == 1).sum()) < 400
+    assert {r.source.rsplit("/", 1)[-1] for r in result.rejects if r.field == "gzip"} == {
+        "rank-1.ndjson.gz", "rank-2.ndjson.gz"}
+
+
 # --------------------------------------------------------------------------- bad lines
 
 
