@@ -100,7 +100,7 @@ class StepMetrics:
                                                ["reason"], [([r], n) for r, n in
                                                             sorted(h.dropped.items())]),
             "argus_exporter_http_retries": (counter, "Batches retried after a busy answer "
-                                            "(429, 503), by status.", ["status"],
+                                            "(429, 503) or no connection, by status.", ["status"],
                                             [([s], n) for s, n in
                                              sorted(h.http_retries.items())]),
             "argus_exporter_probe_up": (

@@ -253,10 +253,11 @@ def test_http_sink_posts_gzip_ndjson(tmp_path, monkeypatch):
 
 
 def test_dead_endpoint_drops_and_counts_training_continues():
-    """Nothing listening: every batch is dropped and counted; the loop still finishes."""
+    """Nothing listening (and no retry budget: a restarting receiver is waited for, see
+    test_vector_http_sink.py): every batch is dropped and counted; the loop still finishes."""
     url = f"http://127.0.0.1:{free_port()}/v1/records"
-    tracer = Tracer(Settings(enabled=True, sink=url, flush_s=0.02, http_timeout_s=0.2),
-                    IDENTITY, clock=HostClock())
+    tracer = Tracer(Settings(enabled=True, sink=url, flush_s=0.02, http_timeout_s=0.2,
+                             http_retry_s=0.0), IDENTITY, clock=HostClock())
     run_steps(tracer, 20)
     tracer.shutdown(timeout=2)
     assert tracer.health.dropped["sink_error"] == 21
