@@ -138,7 +138,7 @@ def serve(metrics: StepMetrics, port: int, addr: str, health: Health):
     registry.register(metrics)
     try:
         server, _thread = start_http_server(port, addr=addr, registry=registry)
-    except OSError as exc:
+    except (OSError, OverflowError) as exc:  # taken, a bad address, or a port past 65535
         health.probe_state("metrics", "unavailable", f"cannot listen on {addr}:{port}: {exc}")
         return None
     health.probe_state("metrics", "on", f"{addr}:{port}")

@@ -74,9 +74,22 @@ def test_metrics_port_binds_loopback_unless_told_otherwise(env, addr):
     ({"ARGUS_QUEUE_RECORDS": "0"}, "ARGUS_QUEUE_RECORDS"),
     ({"ARGUS_FLUSH_S": "soon"}, "ARGUS_FLUSH_S"),
     ({"ARGUS_METRICS_PORT": "-1"}, "ARGUS_METRICS_PORT"),
+    ({"ARGUS_METRICS_PORT": "70000"}, "ARGUS_METRICS_PORT"),
+    ({"ARGUS_FLUSH_S": "nan"}, "ARGUS_FLUSH_S"),
+    ({"ARGUS_FLUSH_S": "inf"}, "ARGUS_FLUSH_S"),
+    ({"ARGUS_FLUSH_S": "1e308"}, "ARGUS_FLUSH_S"),
+    ({"ARGUS_KERNEL_FLUSH_S": "inf"}, "ARGUS_KERNEL_FLUSH_S"),
+    ({"ARGUS_HTTP_TIMEOUT_S": "nan"}, "ARGUS_HTTP_TIMEOUT_S"),
+    ({"ARGUS_HTTP_TIMEOUT_S": "inf"}, "ARGUS_HTTP_TIMEOUT_S"),
+    ({"ARGUS_HTTP_RETRY_S": "nan"}, "ARGUS_HTTP_RETRY_S"),
+    ({"ARGUS_STACK_SPIKE_RATIO": "nan"}, "ARGUS_STACK_SPIKE_RATIO"),
+    ({"ARGUS_QUEUE_RECORDS": "99999999999999999999"}, "ARGUS_QUEUE_RECORDS"),
+    ({"ARGUS_WINDOW_STEPS": "99999999999999999999"}, "ARGUS_WINDOW_STEPS"),
 ])
 def test_bad_settings_name_the_variable(env, name):
-    """A bad ARGUS_* value is refused with the variable's name."""
+    """A bad ARGUS_* value is refused with the variable's name: not a number, not finite, or
+    beyond what the exporters can use (a port past 65535, a count no deque can hold, a period
+    no timer can wait) is refused at start, never inside training."""
     with pytest.raises(ConfigError, match=name):
         Settings.from_env(env)
 
@@ -97,9 +110,15 @@ def test_identity_from_torchrun_env():
     ({"RANK": "4", "WORLD_SIZE": "4"}, "outside WORLD_SIZE"),
     ({"RANK": "x"}, "RANK"),
     ({"ARGUS_COORDS": "dp=1,zz=2"}, "ARGUS_COORDS"),
+    ({"ARGUS_COORDS": "dp=99999999999999999999"}, "ARGUS_COORDS"),
+    ({"RANK": "99999999999999999999", "WORLD_SIZE": "999999999999999999999"}, "RANK"),
+    ({"ARGUS_JOB": "j" * 5000}, "ARGUS_JOB"),
+    ({"ARGUS_HOST": "h" * 5000}, "ARGUS_HOST"),
 ])
 def test_bad_identity(env, message):
-    """Inconsistent rank variables are refused with a message naming them."""
+    """Inconsistent rank variables are refused with a message naming them, and so are values
+    schema v1 bounds (ranks and coordinates below 2**31, names of at most 4096 characters):
+    the processor would refuse every record of the rank."""
     with pytest.raises(ConfigError, match=message):
         RankIdentity.from_env(env)
 
@@ -330,6 +349,14 @@ def test_metrics_endpoint_exposes_steps_windows_and_health(tmp_path):
     assert "argus_exporter_queue_depth" in families
 
 
+def test_metrics_port_past_the_last_one_is_reported_not_raised(tmp_path):
+    """ARGUS_METRICS_PORT + LOCAL_RANK beyond 65535 turns metrics off with the reason."""
+    tracer = Tracer(settings(tmp_path), IDENTITY, clock=HostClock())
+    assert serve(tracer.metrics, 65536, "127.0.0.1", tracer.health) is None
+    assert tracer.health.probes["metrics"][0] == "unavailable"
+    tracer.shutdown()
+
+
 def test_metrics_port_in_use_is_reported_not_raised(tmp_path):
     """A taken port turns metrics off with the reason; training is unaffected."""
     tracer = Tracer(settings(tmp_path), IDENTITY, clock=HostClock())
@@ -389,3 +416,52 @@ def test_probes_that_cannot_run_are_reported_and_training_goes_on(tmp_path, monk
     assert up["kernels"][1] == 0 and up["kernels"][0] in ("unavailable", "skipped")
     assert up["stacks"] == ("unavailable", 0)
     assert families["argus_steps"].samples[0].value == 3
+
+
+_TRAIN_A_LITTLE = """
+import argus_exporters as ax
+ax.start()
+for _ in range(5):
+    with ax.phase("forward"):
+        pass
+    ax.step()
+ax.shutdown(timeout=2)
+print("trained")
+"""
+
+
+@pytest.mark.parametrize("name, value", [
+    ("ARGUS_METRICS_PORT", "70000"),
+    ("ARGUS_COORDS", "dp=99999999999999999999"),
+    ("ARGUS_QUEUE_RECORDS", "99999999999999999999"),
+    ("ARGUS_FLUSH_S", "inf"),
+    ("ARGUS_HOST", "h" * 5000),
+])
+def test_an_absurd_value_never_stops_training(tmp_path, name, value):
+    """A training process started with an absurd ARGUS_* value trains to the end, untraced,
+    and its log names the variable (it used to die of an OverflowError or TypeError)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ARGUS_ENABLED": "1", "ARGUS_SINK": f"file://{tmp_path}/spool",
+           name: value}
+    done = subprocess.run([sys.executable, "-c", _TRAIN_A_LITTLE], env=env, timeout=60,
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "trained", done.stderr[-2000:]
+    assert "bad configuration" in done.stderr and name in done.stderr
+
+
+def test_an_unexpected_error_at_start_leaves_argus_off(monkeypatch, caplog):
+    """Whatever goes wrong while the exporters start (not only a bad setting), start() logs it
+    and returns the no-op tracer: the training script goes on untraced."""
+    import argus_exporters
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(argus_exporters, "_started", False)
+    monkeypatch.setattr(argus_exporters, "_tracer", NoOpTracer())
+    monkeypatch.setattr(argus_exporters, "Tracer", broken)
+    monkeypatch.setenv("ARGUS_ENABLED", "1")
+    assert isinstance(argus_exporters.start(), NoOpTracer)
+    assert "disk on fire" in caplog.text
