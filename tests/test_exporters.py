@@ -228,6 +228,14 @@ def test_job_names_are_safe_path_components():
     assert "/" not in safe_name("a/b\\c") and safe_name("") == "job"
 
 
+@pytest.mark.parametrize("url", ["file://", "file:spool", "file://host/dir"])
+def test_file_sink_needs_an_absolute_directory(url):
+    """``file://`` without an absolute path is refused, not a spool in whatever directory the
+    training job happens to start in."""
+    with pytest.raises(ConfigError, match="ARGUS_SINK"):
+        create_sink(Settings(sink=url), IDENTITY, Health())
+
+
 def test_unknown_sink_scheme(tmp_path):
     """An unknown ARGUS_SINK scheme is refused with the known ones listed."""
     with pytest.raises(ConfigError, match="unknown scheme 'ftp'"):
