@@ -145,3 +145,19 @@ def test_cli_live_announces_onsets_and_stops_on_sigterm(tmp_path):
 def test_cli_refuses_bad_live_arguments(argv, message, capsys):
     assert main(["simulate", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_closing_a_live_job_toward_a_dead_processor_takes_one_flush_not_one_per_rank():
+    """`argus stack down` after the processor crashed: the live job's ranks give the processor
+    one shared flush timeout together (it used to be 2 s per rank, one after the other, so a
+    16-rank job outlived `stack down`'s 20 s and was killed)."""
+    config = CASES["healthy"].config(steps=3, topology=Topology(dp=16))
+    job = LiveJob(LiveConfig(sim=config, processor=f"http://127.0.0.1:{free_port()}/v1/records",
+                             step_seconds=0.05))
+    job.close = lambda: None  # run the steps, close below
+    job.run()
+    assert len(job.ranks) == 16
+    del job.close
+    began = time.monotonic()
+    job.close()
+    assert time.monotonic() - began < 10

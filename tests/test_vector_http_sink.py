@@ -308,3 +308,24 @@ def test_nothing_listening_for_the_whole_budget_is_a_sink_error():
     assert not sink.export(LINES)
     assert sink.failure_reason == "sink_error"
     assert health.http_retries.get("connection", 0) >= 1
+
+
+def test_shutdown_toward_a_dead_receiver_keeps_its_timeout_and_accounts_for_every_record():
+    """Training exits while the processor is down: the shipper's shutdown(timeout) gives the
+    receiver the timeout to come back, then stops the sink's retry wait and returns with every
+    record shipped or counted, instead of waiting a second timeout for the stuck thread."""
+    from support import free_port
+
+    health = Health()
+    sink = sink_for(f"http://127.0.0.1:{free_port()}/v1/records", health, http_retry_s=60.0)
+    shipper = Shipper(sink, health, max_records=100, batch_records=4, flush_s=0.02)
+    for i in range(10):
+        shipper.submit(b'{"n":%d}\n' % i)
+    deadline = time.monotonic() + 30
+    while not health.http_retries and time.monotonic() < deadline:  # in a retry wait now
+        time.sleep(0.01)
+    began = time.monotonic()
+    shipper.shutdown(timeout=4.0)
+    took = time.monotonic() - began
+    assert health.records_shipped + sum(health.dropped.values()) == 10, dict(health.dropped)
+    assert took < 6.5, took  # one timeout (4 s) and the drain, not two

@@ -210,10 +210,14 @@ class LiveJob:
         self._stop.set()
 
     def close(self) -> None:
-        """Flush the shippers, stop serving, remove the targets file."""
-        for rank in self.ranks.values():
-            if rank.shipper is not None:
-                rank.shipper.shutdown(timeout=2.0)
+        """Flush the shippers (2 s for all of them together), stop serving, remove the
+        targets file."""
+        shippers = [rank.shipper for rank in self.ranks.values() if rank.shipper is not None]
+        deadline = time.monotonic() + 2.0
+        for shipper in shippers:
+            shipper.force_flush(max(0.0, deadline - time.monotonic()))
+        for shipper in shippers:
+            shipper.shutdown(timeout=max(0.0, deadline - time.monotonic()))
         for server, _port in self.servers.values():
             server.shutdown()
             server.server_close()

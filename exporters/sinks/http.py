@@ -142,6 +142,10 @@ class HttpSink:
         """Nothing is buffered here."""
         return True
 
+    def stop_waiting(self) -> None:
+        """End any retry wait now and retry no more (shutting down); safe from any thread."""
+        self._closing.set()
+
     def shutdown(self) -> None:
         """End any retry wait and close the connection."""
         self._closing.set()
