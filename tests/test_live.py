@@ -161,3 +161,21 @@ def test_closing_a_live_job_toward_a_dead_processor_takes_one_flush_not_one_per_
     began = time.monotonic()
     job.close()
     assert time.monotonic() - began < 10
+
+
+def test_the_stack_runs_the_moto_server_of_its_own_environment(tmp_path, monkeypatch):
+    """`argus stack up` starts the moto_server installed beside the running Python (the one
+    `pip install '.[dev]'` brought), not whichever one PATH finds first (a pyenv shim,
+    another virtualenv's older moto)."""
+    from pathlib import Path
+
+    from argus_core.stack.stack import binary
+
+    own = Path(sys.executable).parent / "moto_server"
+    if not own.exists():
+        pytest.skip("moto_server is not installed beside this Python")
+    other = tmp_path / "moto_server"
+    other.write_text("#!/bin/sh\nexit 1\n")
+    other.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert binary("moto_server") == str(own)
