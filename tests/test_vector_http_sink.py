@@ -329,3 +329,37 @@ def test_shutdown_toward_a_dead_receiver_keeps_its_timeout_and_accounts_for_ever
     took = time.monotonic() - began
     assert health.records_shipped + sum(health.dropped.values()) == 10, dict(health.dropped)
     assert took < 6.5, took  # one timeout (4 s) and the drain, not two
+
+
+def test_a_refused_batch_logs_what_the_receiver_said(caplog):
+    """A rank whose clock runs hours ahead: the processor refuses its records with a 400 that
+    names the field and says to check the clock. That answer reaches the training log, not
+    only a sink_error count that does not say why."""
+    answer = (b'{"accepted": 0, "rejected": 5, "errors": ["line 1: t_ns: 7140 s ahead of the '
+              b"processor's clock (more than 300 s; check the host's clock)\"]}")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(400)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.connections = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    health = Health()
+    sink = sink_for(f"http://127.0.0.1:{server.server_address[1]}/v1/records", health)
+    try:
+        with caplog.at_level("WARNING", logger="argus_exporters"):
+            assert not sink.export(LINES)
+            assert not sink.export(LINES)
+    finally:
+        _stop(server)
+    said = [r.getMessage() for r in caplog.records if "check the host's clock" in r.getMessage()]
+    assert len(said) == 1 and "400" in said[0], [r.getMessage() for r in caplog.records]

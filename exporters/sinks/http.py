@@ -12,7 +12,8 @@ the processor killed and started again) is retried the same way, with backoff wi
 budget (``status="connection"``), and a kept-alive connection found dead is replaced at once,
 so a restart costs no batch; still unreachable at the end, the batch is a ``sink_error``. Other
 answers are not retried: a 2xx is delivered; a 4xx, a 5xx other than 503 or a timeout (the
-receiver may be working on it) costs at most one ``http_timeout_s`` and is a ``sink_error``.
+receiver may be working on it) costs at most one ``http_timeout_s`` and is a ``sink_error``;
+what the receiver said about a refused batch goes to the log (once a minute per answer).
 ``shutdown`` ends a wait at once.
 While the shipper's thread waits, the training thread keeps submitting into the shipper's
 bounded queue, which drops its oldest lines (counted) when full.
@@ -23,8 +24,10 @@ from __future__ import annotations
 import email.utils
 import gzip
 import http.client
+import logging
 import os
 import threading
+import time
 from datetime import UTC, datetime
 from urllib.parse import urlparse
 
@@ -34,6 +37,10 @@ from argus_exporters.identity import RankIdentity
 
 RETRIED_STATUSES = (429, 503)
 NO_CONNECTION = "connection"  # the retry label of a receiver that could not be reached
+_ANSWER_LOGGED_CHARS = 500  # of a refusal's body, in the training log
+_ANSWER_LOG_EVERY_S = 60.0  # the same refusal is logged again at most this often
+
+logger = logging.getLogger("argus_exporters")
 _BACKOFF_FIRST_S = 0.5  # without Retry-After: 0.5, 1, 2, 4, 8, 8... seconds
 _BACKOFF_MAX_S = 8.0
 _MIN_WAIT_S = 0.1  # "Retry-After: 0" still waits a little, so retries stay bounded
@@ -76,6 +83,7 @@ class HttpSink:
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
         self.failure_reason: str | None = None  # why the last failed batch failed
+        self._last_refusal: tuple[str, float] = ("", 0.0)  # (what was logged, when)
         self._conn: http.client.HTTPConnection | None = None
         self._closing = threading.Event()
 
@@ -99,7 +107,9 @@ class HttpSink:
             conn = self._connection()
             conn.request("POST", self.path, body=body, headers=self.headers)
             response = conn.getresponse()
-            response.read()
+            answer = response.read()
+            if response.status >= 400 and response.status not in RETRIED_STATUSES:
+                self._log_refusal(response.status, answer)
             return response.status, response.getheader("Retry-After")
         except TimeoutError:
             self._reset()
@@ -109,6 +119,17 @@ class HttpSink:
             if reused and not self._closing.is_set():  # a kept-alive connection gone stale
                 return self._post(body)
             return NO_CONNECTION, None
+
+    def _log_refusal(self, status: int, answer: bytes) -> None:
+        """Say in the training log what the receiver answered to a refused batch (the
+        processor names the field: a clock hours off, a name too long), once per minute."""
+        said = answer[:_ANSWER_LOGGED_CHARS].decode("utf-8", "replace").strip()
+        message = f"HTTP {status} from {self.host}:{self.port}{self.path}: {said}"
+        last, when = self._last_refusal
+        now = time.monotonic()
+        if message != last or now - when >= _ANSWER_LOG_EVERY_S:
+            self._last_refusal = (message, now)
+            logger.warning("argus: the receiver refused a batch: %s", message)
 
     def export(self, lines: list[bytes]) -> bool:
         """Send one batch, retrying a busy or restarting receiver within the budget; True once
