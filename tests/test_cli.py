@@ -381,6 +381,21 @@ def test_diagnose_warns_about_empty_file(straggler_dir, tmp_path, capsys):
     assert "rank-00099.ndjson is empty" in err
 
 
+def test_diagnose_warns_when_a_restarted_job_mixed_its_attempts(tmp_path, capsys):
+    """The same job run twice into one spool (a restart numbering steps from 0 again): the
+    report still comes, and stderr says which ranks repeated step numbers and what to do."""
+    first = list(simulate(CASES["healthy"].config(seed=0, steps=STEPS)))
+    later = [(rank, {**rec, "t_ns": rec["t_ns"] + 3600 * 10**9} if "t_ns" in rec else rec)
+             for rank, rec in simulate(CASES["healthy"].config(seed=1, steps=STEPS))
+             if rec["kind"] != "kernels"]
+    write_records(first, tmp_path / "attempt-1")
+    write_records(later, tmp_path / "attempt-2")
+    code, _, err = run(capsys, "diagnose", str(tmp_path), "--json")
+    assert code == 0
+    assert "recorded the same step numbers at different times" in err
+    assert "8 rank(s)" in err and ": 0, 1, 2, 3, 4, 5, 6, 7;" in err
+
+
 @pytest.fixture
 def two_jobs(tmp_path) -> Path:
     write_records(simulate(CASES["compute-straggler"].config(seed=0, steps=STEPS)),

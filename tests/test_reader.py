@@ -385,6 +385,26 @@ def test_duplicate_step_counts_once_and_last_copy_wins(tmp_path):
     assert steps.phases[row, steps.phase_names.index("mlp")] == pytest.approx(0.45)
 
 
+def test_a_restarted_process_keeps_its_latest_steps_and_is_counted(tmp_path):
+    """A job restarted into the same spool numbers its steps from 0 again: a step number seen
+    at two different times is the later attempt's (whatever order the files are read in), and
+    the trace counts such steps per rank so the user is told the attempts mixed."""
+    def at(rank, step, t_s, wall_s):
+        return line(v=1, kind="step", job="j", rank=rank, step=step, t_ns=t_s * 10**9,
+                    wall_s=wall_s, gpu_s=wall_s * 0.9, phases={"mlp": wall_s / 2})
+
+    write_lines(tmp_path / "a-second-attempt.ndjson",
+                [at(0, step, 2000 + step, 0.9) for step in range(3)])
+    write_lines(tmp_path / "b-first-attempt.ndjson",
+                [at(0, step, 1000 + step, 0.5) for step in range(5)]
+                + [at(1, step, 1000 + step, 0.5) for step in range(5)])
+    trace = load_traces([tmp_path]).traces["j"]
+    rows = sorted(zip(trace.steps.rank.tolist(), trace.steps.step.tolist(),
+                      trace.steps.wall_s.tolist(), strict=True))
+    assert rows[:5] == [(0, 0, 0.9), (0, 1, 0.9), (0, 2, 0.9), (0, 3, 0.5), (0, 4, 0.5)]
+    assert trace.restarted_steps == {0: 3}
+
+
 def test_duplicate_step_across_files_counts_once(tmp_path):
     """The same step delivered in two files is one row; the file read later wins."""
     write_lines(tmp_path / "a.ndjson", [step_rec(0, 3, wall_s=0.5)])
