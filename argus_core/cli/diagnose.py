@@ -109,10 +109,10 @@ def _report_restarts(restarted: dict[int, int]) -> None:
     into the same spool, whose attempts the diagnosis now mixes."""
     if not restarted:
         return
-    ranks = sorted(restarted)
-    shown = ", ".join(map(str, ranks[:8])) + (f" and {len(ranks) - 8} more"
-                                              if len(ranks) > 8 else "")
-    print(f"argus diagnose: warning: {len(ranks)} rank(s) recorded the same step numbers at "
+    from argus_core.detect.verdict import ranks_text
+
+    shown = ranks_text(restarted)
+    print(f"argus diagnose: warning: {len(restarted)} rank(s) recorded the same step numbers at "
           f"different times (a job restarted into the same spool?): {shown}; the latest copy "
           f"of each step is kept, so the attempts are mixed: diagnose each attempt's files on "
           f"their own", file=sys.stderr)
