@@ -141,6 +141,8 @@ def test_cli_live_announces_onsets_and_stops_on_sigterm(tmp_path):
     ([], "give --out DIR, or --live"),
     (["--live", "--step-seconds", "0"], "--step-seconds must be > 0"),
     (["--live", "--fault-delay", "-1"], "--fault-delay must be >= 0"),
+    (["--live", "--processor", "ftp://x/v1/records"], "--processor must be an http(s):// URL"),
+    (["--live", "--processor", "127.0.0.1:9700"], "--processor must be an http(s):// URL"),
 ])
 def test_cli_refuses_bad_live_arguments(argv, message, capsys):
     assert main(["simulate", *argv]) == 2

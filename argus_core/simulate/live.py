@@ -25,6 +25,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import urlparse
 
 import numpy as np
 
@@ -48,6 +49,10 @@ class LiveConfig:
     def __post_init__(self) -> None:
         if self.step_seconds <= 0:
             raise ValueError(f"--step-seconds must be > 0, got {self.step_seconds}")
+        if self.processor and (urlparse(self.processor).scheme not in ("http", "https")
+                               or not urlparse(self.processor).hostname):
+            raise ValueError(f"--processor must be an http(s):// URL (e.g. "
+                             f"http://127.0.0.1:9700/v1/records), got {self.processor!r}")
 
 
 def healthy_step_s(config: SimConfig) -> float:
