@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from argus_core.processor.service import serve
 
     host, sep, port = args.listen.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not port.isdigit() or int(port) > 65_535:
         print(f"argus processor: error: --listen {args.listen!r}: expected HOST:PORT",
               file=sys.stderr)
         return 2
