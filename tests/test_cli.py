@@ -513,3 +513,16 @@ def test_python_dash_m_runs_the_cli():
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"argus {__version__}"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--interval", "nan"], "--interval"),
+    (["--timeout", "nan"], "--timeout"),
+    (["--window", "inf"], "--window"),
+    (["--listen", "127.0.0.1:99999"], "expected HOST:PORT"),
+])
+def test_score_refuses_settings_that_are_not_finite_or_a_port(argv, message, capsys):
+    """`argus score` with NaN/inf seconds or a port past 65535 exits 2 naming the flag (NaN
+    passed its `> 0` check and ran, or died later with a traceback)."""
+    code, _, err = run(capsys, "score", "--prometheus", "http://127.0.0.1:1", *argv)
+    assert code == 2 and message in err
