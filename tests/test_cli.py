@@ -526,3 +526,24 @@ def test_score_refuses_settings_that_are_not_finite_or_a_port(argv, message, cap
     passed its `> 0` check and ran, or died later with a traceback)."""
     code, _, err = run(capsys, "score", "--prometheus", "http://127.0.0.1:1", *argv)
     assert code == 2 and message in err
+
+
+@pytest.mark.parametrize("window", ["0", "-5", "nan", "inf"])
+def test_diagnose_refuses_a_window_that_is_not_positive_seconds(straggler_dir, window, capsys):
+    """`--window 0`, `nan` or `inf` exits 2 naming --window (it was a traceback)."""
+    code, _, err = run(capsys, "diagnose", str(straggler_dir), "--window", window)
+    assert code == 2 and "--window" in err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--time-scale", "nan"], "--time-scale"),
+    (["--time-scale", "-1"], "--time-scale"),
+    (["--ranks", "0"], "--ranks"),
+])
+def test_stack_up_refuses_bad_numbers_before_starting_anything(tmp_path, argv, message, capsys):
+    """`argus stack up` with a NaN or negative time scale, or no ranks, exits 2 naming the flag
+    and starts nothing (a NaN time scale was a traceback, --ranks 0 was accepted)."""
+    code, _, err = run(capsys, "stack", "up", "--workdir", str(tmp_path / "s"),
+                       "--simulate", "healthy", *argv)
+    assert code == 2 and message in err
+    assert not (tmp_path / "s" / "stack.json").exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -62,6 +63,10 @@ def run(args: argparse.Namespace) -> int:
     from argus_core.reader import InputError
     from argus_core.report.coverage import LEVELS, not_judged
 
+    if not math.isfinite(args.window) or args.window <= 0:
+        print(f"argus diagnose: error: --window {args.window:g}: expected seconds > 0",
+              file=sys.stderr)
+        return 2
     try:
         result = load(args.paths)
     except InputError as exc:
