@@ -547,3 +547,12 @@ def test_stack_up_refuses_bad_numbers_before_starting_anything(tmp_path, argv, m
                        "--simulate", "healthy", *argv)
     assert code == 2 and message in err
     assert not (tmp_path / "s" / "stack.json").exists()
+
+
+@pytest.mark.parametrize("expires", ["0", "-1", "604801"])
+def test_traces_open_refuses_an_expiry_s3_would_not_honour(tmp_path, expires, capsys):
+    """`argus traces open --expires` takes what the processor's ARGUS_TRACE_LINK_EXPIRES_S
+    takes (1 to 604800 s, S3's limit); it printed links that were dead on arrival."""
+    code, out, err = run(capsys, "traces", "open", "--store", f"file://{tmp_path}",
+                         "--job", "j", "--rank", "1", "--expires", expires, "--at", "5m", "ago")
+    assert code == 2 and "--expires" in err and not out
