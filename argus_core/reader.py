@@ -16,8 +16,10 @@ from __future__ import annotations
 import contextlib
 import gc
 import gzip
+import io
 import itertools
 import sys
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -31,6 +33,8 @@ from argus_core.schema import KERNEL_COLUMNS, SchemaError, parse_record
 from argus_core.trace import Trace, TraceBuilder
 
 TRACE_SUFFIXES = (".ndjson", ".jsonl", ".json")
+GZIP_MAGIC = b"\x1f\x8b"
+GZIP_ERRORS = (EOFError, zlib.error, gzip.BadGzipFile)  # truncated or corrupt .gz
 MAX_KEPT_REJECTS = 1000
 
 
@@ -91,10 +95,16 @@ def _is_trace_name(name: str) -> bool:
 
 
 def _open(source: str) -> BinaryIO:
+    """The source's bytes, gunzipped when they start with gzip's magic (files and stdin)."""
     if source == "-":
-        return sys.stdin.buffer
+        stream = sys.stdin.buffer
+        if not hasattr(stream, "peek"):
+            stream = io.BufferedReader(stream)  # type: ignore[arg-type]
+        if stream.peek(len(GZIP_MAGIC)).startswith(GZIP_MAGIC):
+            return gzip.GzipFile(fileobj=stream)  # type: ignore[return-value]
+        return stream
     handle = open(source, "rb")  # noqa: SIM115 - closed by the caller
-    if handle.read(2) == b"\x1f\x8b":
+    if handle.read(2) == GZIP_MAGIC:
         handle.seek(0)
         return gzip.GzipFile(fileobj=handle)  # type: ignore[return-value]
     handle.seek(0)
@@ -152,20 +162,25 @@ def _read(sources: list[str], builder: TraceBuilder, result: LoadResult,
     """Read every source into ``builder``, counting records and rejects in ``result``."""
     bulk = KernelBulk(builder, result)
     for source in sources:
-        seen = 0
-        for number, line in iter_lines(source):
+        seen = number = 0
+        try:
+            for number, line in iter_lines(source):
+                seen += 1
+                if progress is not None:
+                    progress(len(line))
+                try:
+                    record = orjson.loads(line)
+                    if not bulk.offer(record, source, number):
+                        builder.add(parse_record(record))
+                        result.records += 1
+                except orjson.JSONDecodeError as exc:
+                    _reject(result, Reject(source, number, "json", f"malformed JSON ({exc})"))
+                except SchemaError as exc:
+                    _reject(result, Reject(source, number, exc.field, exc.message))
+        except GZIP_ERRORS as exc:  # the lines before the damage are kept
+            _reject(result, Reject(source, number + 1, "gzip",
+                                   f"unreadable from here on: {exc}"))
             seen += 1
-            if progress is not None:
-                progress(len(line))
-            try:
-                record = orjson.loads(line)
-                if not bulk.offer(record, source, number):
-                    builder.add(parse_record(record))
-                    result.records += 1
-            except orjson.JSONDecodeError as exc:
-                _reject(result, Reject(source, number, "json", f"malformed JSON ({exc})"))
-            except SchemaError as exc:
-                _reject(result, Reject(source, number, exc.field, exc.message))
         bulk.flush()
         if seen == 0:
             result.empty_sources.append(source)

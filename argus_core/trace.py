@@ -100,6 +100,9 @@ class Trace:
     steps: StepTable
     kernels: KernelTable
     stacks: list[StackRecord] = field(default_factory=list)
+    # rank -> step numbers recorded again at another time (a restarted process counting from
+    # 0 into the same spool): the latest copy is kept, so the attempts are mixed
+    restarted_steps: dict[int, int] = field(default_factory=dict)
 
     @property
     def rank_ids(self) -> np.ndarray:
@@ -167,9 +170,13 @@ class TraceBuilder:
 
     def finish(self) -> dict[str, Trace]:
         """Build one columnar Trace per job."""
-        return {name: Trace(name, b.ranks, _steps(b.step_rows),
-                            self._kernels(b.kernel_parts, b.kernel_columns), b.stacks)
-                for name, b in self._jobs.items()}
+        traces = {}
+        for name, b in self._jobs.items():
+            steps, restarted = _steps(b.step_rows)
+            traces[name] = Trace(name, b.ranks, steps,
+                                 self._kernels(b.kernel_parts, b.kernel_columns), b.stacks,
+                                 restarted)
+        return traces
 
     def _kernels(self, parts: list[tuple[int, np.ndarray, KernelBatch]],
                  columns: list[tuple[np.ndarray, ...]]) -> KernelTable:
@@ -191,7 +198,9 @@ class TraceBuilder:
                            dur_ns=dur.astype(np.int64), names=names)
 
 
-def _steps(rows: list[StepRecord]) -> StepTable:
+def _steps(rows: list[StepRecord]) -> tuple[StepTable, dict[int, int]]:
+    """The steps as columns, one row per (rank, step), and per rank how many step numbers
+    were recorded again at another time (a restarted process)."""
     phase_names = _phase_order(rows)
     phases = np.full((len(rows), len(phase_names)), np.nan)
     for i, row in enumerate(rows):
@@ -199,20 +208,27 @@ def _steps(rows: list[StepRecord]) -> StepTable:
             phases[i, phase_names.get(name)] = seconds
     rank = np.array([r.rank for r in rows], dtype=np.int64)
     step = np.array([r.step for r in rows], dtype=np.int64)
-    # A (rank, step) sent twice (a retried upload) counts once: the last copy wins.
-    order = np.lexsort((np.arange(len(rows)), step, rank))
+    t_ns = np.array([r.t_ns for r in rows], dtype=np.int64)
+    # A (rank, step) sent twice (a retried upload) counts once: the last copy wins. Sent at
+    # another time (a restarted process counting from 0 again), the latest attempt's wins.
+    order = np.lexsort((np.arange(len(rows)), t_ns, step, rank))
+    restarted: dict[int, int] = {}
     if len(order):
+        same = (rank[order][1:] == rank[order][:-1]) & (step[order][1:] == step[order][:-1])
+        again = same & (t_ns[order][1:] != t_ns[order][:-1])
+        for r, n in zip(*np.unique(rank[order][1:][again], return_counts=True), strict=True):
+            restarted[int(r)] = int(n)
         last = np.ones(len(order), dtype=bool)
-        last[:-1] = (rank[order][1:] != rank[order][:-1]) | (step[order][1:] != step[order][:-1])
+        last[:-1] = ~same
         order = order[last]
     return StepTable(
         rank=rank[order], step=step[order],
-        t_ns=np.array([r.t_ns for r in rows], dtype=np.int64)[order] if rows else rank,
+        t_ns=t_ns[order] if rows else rank,
         wall_s=np.array([r.wall_s for r in rows], dtype=np.float64)[order],
         gpu_s=np.array([r.gpu_s for r in rows], dtype=np.float64)[order],
         phase_names=phase_names.names, phases=phases[order],
         gpu_t_ns=np.array([NO_GPU_T if r.gpu_t_ns is None else r.gpu_t_ns for r in rows],
-                          dtype=np.int64)[order])
+                          dtype=np.int64)[order]), restarted
 
 
 def _phase_order(rows: list[StepRecord]) -> SymbolTable:

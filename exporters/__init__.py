@@ -56,6 +56,9 @@ def start(settings: Settings | None = None, identity: RankIdentity | None = None
         except ConfigError as exc:
             logger.error("argus: disabled, bad configuration: %s", exc)
             return _tracer
+        except Exception:  # never take training down: it goes on untraced
+            logger.exception("argus: disabled, the exporters could not start")
+            return _tracer
         _start_probes(tracer, settings, identity)
         _tracer = tracer
         atexit.register(shutdown)

@@ -7,6 +7,7 @@ value fails at start-up with the variable's name, never later inside training.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -28,6 +29,9 @@ _DEFAULT_KERNEL_CALLBACKS = "auto"  # torch's native CUPTI callbacks if torch ha
 _KERNEL_CALLBACKS = ("auto", "torch", "shim")
 _DEFAULT_STACK_PERIOD_S = 30.0
 _DEFAULT_STACK_SPIKE_RATIO = 2.0
+_MAX_SECONDS = 86_400.0  # periods and timeouts: a day (timers overflow far beyond)
+_MAX_COUNT = 2**62  # counts and sizes: what a deque's maxlen and file offsets can hold
+_MAX_PORT = 65_535
 
 
 class ConfigError(ValueError):
@@ -46,7 +50,10 @@ def _flag(env: dict, name: str, default: bool) -> bool:
     raise ConfigError(f"{name}={raw!r}: expected 1/0, true/false, yes/no or on/off")
 
 
-def _number(env: dict, name: str, default: float, kind: type = float, minimum: float = 0) -> float:
+def _number(env: dict, name: str, default: float, kind: type = float, minimum: float = 0,
+            maximum: float | None = None) -> float:
+    """A finite number in [minimum, maximum] (seconds up to a day, counts up to 2**62 unless
+    told), or the default when unset; raises ConfigError naming the variable."""
     raw = env.get(name)
     if raw is None or raw == "":
         return default
@@ -54,8 +61,14 @@ def _number(env: dict, name: str, default: float, kind: type = float, minimum: f
         value = kind(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r}: expected a {kind.__name__}") from None
+    if maximum is None:
+        maximum = _MAX_COUNT if kind is int else _MAX_SECONDS
+    if not math.isfinite(value):
+        raise ConfigError(f"{name}={raw!r}: expected a finite number")
     if value < minimum:
         raise ConfigError(f"{name}={raw!r}: must be >= {minimum}")
+    if value > maximum:
+        raise ConfigError(f"{name}={raw!r}: must be <= {maximum:g}")
     return value
 
 
@@ -110,7 +123,8 @@ class Settings:
             phases=_flag(env, "ARGUS_PHASES", True),
             kernels=_flag(env, "ARGUS_KERNELS", False),
             stacks=_flag(env, "ARGUS_STACKS", False),
-            metrics_port=int(_number(env, "ARGUS_METRICS_PORT", 0, int, 1)) if port else None,
+            metrics_port=(int(_number(env, "ARGUS_METRICS_PORT", 0, int, 1, _MAX_PORT))
+                          if port else None),
             metrics_addr=env.get("ARGUS_METRICS_ADDR") or "127.0.0.1",
             queue_records=int(_number(env, "ARGUS_QUEUE_RECORDS", _DEFAULT_QUEUE_RECORDS, int, 1)),
             batch_records=int(_number(env, "ARGUS_BATCH_RECORDS", _DEFAULT_BATCH_RECORDS, int, 1)),
@@ -136,6 +150,6 @@ class Settings:
             stack_period_s=_number(env, "ARGUS_STACK_PERIOD_S", _DEFAULT_STACK_PERIOD_S, float,
                                    0.1),
             stack_spike_ratio=_number(env, "ARGUS_STACK_SPIKE_RATIO", _DEFAULT_STACK_SPIKE_RATIO,
-                                      float, 1.0),
+                                      float, 1.0, 1e6),
             otel=_flag(env, "ARGUS_OTEL", True),
         )

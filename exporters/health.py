@@ -48,8 +48,9 @@ class Health:
         with self._lock:
             self.export_failures += 1
 
-    def http_retry(self, status: int) -> None:
-        """Count one retry of a batch after a busy answer (429, 503) from the receiver."""
+    def http_retry(self, status: int | str) -> None:
+        """Count one retry of a batch after a busy answer (429, 503) from the receiver, or
+        after it could not be reached (``"connection"``: restarting)."""
         with self._lock:
             self.http_retries[str(status)] += 1
 

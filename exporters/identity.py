@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from argus_exporters.config import ConfigError
 
 AXES = ("dp", "tp", "pp", "ep")
+MAX_RANK = 2**31 - 1  # schema v1's bounds: the processor refuses records beyond them
+MAX_TEXT = 4096
 
 
 @dataclass(frozen=True)
@@ -32,13 +34,13 @@ class RankIdentity:
         """Identity from torchrun's and Argus's environment variables; raises ConfigError."""
         env = dict(os.environ if env is None else env)
         rank = _int(env, "RANK", 0)
-        world = _int(env, "WORLD_SIZE", 1)
+        world = _int(env, "WORLD_SIZE", 1, MAX_RANK + 1)
         if not 0 <= rank < world:
             raise ConfigError(f"RANK={rank} is outside WORLD_SIZE={world}")
         coords = _coords(env.get("ARGUS_COORDS", ""), rank)
-        job = env.get("ARGUS_JOB") or env.get("TORCHELASTIC_RUN_ID") or "default"
+        job = _text(env, "ARGUS_JOB") or env.get("TORCHELASTIC_RUN_ID") or "default"
         return cls(job=job, rank=rank, world_size=world, local_rank=_int(env, "LOCAL_RANK", 0),
-                   host=env.get("ARGUS_HOST") or socket.gethostname(), coords=coords)
+                   host=_text(env, "ARGUS_HOST") or socket.gethostname(), coords=coords)
 
     def labels(self) -> dict[str, str]:
         """Prometheus labels shared by every series of this rank (DESIGN.md)."""
@@ -46,13 +48,20 @@ class RankIdentity:
                 **{axis: str(self.coords.get(axis, 0)) for axis in AXES}}
 
 
-def _int(env: dict, name: str, default: int) -> int:
+def _int(env: dict, name: str, default: int, maximum: int = MAX_RANK) -> int:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
-    if not raw.strip().isdigit():
-        raise ConfigError(f"{name}={raw!r}: expected a non-negative integer")
+    if not raw.strip().isdigit() or int(raw) > maximum:
+        raise ConfigError(f"{name}={raw!r}: expected an integer from 0 to {maximum}")
     return int(raw)
+
+
+def _text(env: dict, name: str) -> str | None:
+    value = env.get(name)
+    if value is not None and len(value) > MAX_TEXT:
+        raise ConfigError(f"{name}: longer than {MAX_TEXT} characters ({len(value)})")
+    return value
 
 
 def _coords(text: str, rank: int) -> dict[str, int]:
@@ -61,8 +70,8 @@ def _coords(text: str, rank: int) -> dict[str, int]:
     coords = {axis: 0 for axis in AXES}
     for part in filter(None, (p.strip() for p in text.split(","))):
         axis, _, value = part.partition("=")
-        if axis not in AXES or not value.isdigit():
+        if axis not in AXES or not value.isdigit() or int(value) > MAX_RANK:
             raise ConfigError(f"ARGUS_COORDS part {part!r}: expected AXIS=N with AXIS in "
-                              f"{', '.join(AXES)}")
+                              f"{', '.join(AXES)} and N from 0 to {MAX_RANK}")
         coords[axis] = int(value)
     return coords

@@ -116,7 +116,7 @@ class StepMetrics:
                                                ["reason"], [([r], n) for r, n in
                                                             sorted(h.dropped.items())]),
             "argus_exporter_http_retries": (counter, "Batches retried after a busy answer "
-                                            "(429, 503), by status.", ["status"],
+                                            "(429, 503) or no connection, by status.", ["status"],
                                             [([s], n) for s, n in
                                              sorted(h.http_retries.items())]),
             "argus_exporter_probe_up": (
@@ -161,7 +161,7 @@ def serve(metrics: StepMetrics, port: int, addr: str, health: Health):
     registry.register(metrics)
     try:
         server, _thread = start_http_server(port, addr=addr, registry=registry)
-    except OSError as exc:
+    except (OSError, OverflowError) as exc:  # taken, a bad address, or a port past 65535
         health.probe_state("metrics", "unavailable", f"cannot listen on {addr}:{port}: {exc}")
         return None
     health.probe_state("metrics", "on", f"{addr}:{port}")

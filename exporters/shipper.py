@@ -119,11 +119,16 @@ class Shipper:
         return self.sink.force_flush(max(deadline - time.monotonic(), 0.0))
 
     def shutdown(self, timeout: float = 5.0) -> None:
-        """Flush (within ``timeout``), stop the thread and close the sink."""
+        """Flush (within ``timeout``), stop the thread and close the sink. A sink still waiting
+        to retry after the timeout (a busy or dead receiver) is told to stop waiting, so the
+        thread drains what is left, dropped and counted, instead of sitting out the wait."""
         if self._stopped:
             return
-        self.force_flush(timeout)
+        flushed = self.force_flush(timeout)
         self._stopped = True
+        stop_waiting = getattr(self.sink, "stop_waiting", None)
+        if not flushed and stop_waiting is not None:
+            stop_waiting()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)

@@ -381,6 +381,21 @@ def test_diagnose_warns_about_empty_file(straggler_dir, tmp_path, capsys):
     assert "rank-00099.ndjson is empty" in err
 
 
+def test_diagnose_warns_when_a_restarted_job_mixed_its_attempts(tmp_path, capsys):
+    """The same job run twice into one spool (a restart numbering steps from 0 again): the
+    report still comes, and stderr says which ranks repeated step numbers and what to do."""
+    first = list(simulate(CASES["healthy"].config(seed=0, steps=STEPS)))
+    later = [(rank, {**rec, "t_ns": rec["t_ns"] + 3600 * 10**9} if "t_ns" in rec else rec)
+             for rank, rec in simulate(CASES["healthy"].config(seed=1, steps=STEPS))
+             if rec["kind"] != "kernels"]
+    write_records(first, tmp_path / "attempt-1")
+    write_records(later, tmp_path / "attempt-2")
+    code, _, err = run(capsys, "diagnose", str(tmp_path), "--json")
+    assert code == 0
+    assert "recorded the same step numbers at different times" in err
+    assert "8 rank(s)" in err and ": 0, 1, 2, 3, 4, 5, 6, 7;" in err
+
+
 @pytest.fixture
 def two_jobs(tmp_path) -> Path:
     write_records(simulate(CASES["compute-straggler"].config(seed=0, steps=STEPS)),
@@ -498,3 +513,46 @@ def test_python_dash_m_runs_the_cli():
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == f"argus {__version__}"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--interval", "nan"], "--interval"),
+    (["--timeout", "nan"], "--timeout"),
+    (["--window", "inf"], "--window"),
+    (["--listen", "127.0.0.1:99999"], "expected HOST:PORT"),
+])
+def test_score_refuses_settings_that_are_not_finite_or_a_port(argv, message, capsys):
+    """`argus score` with NaN/inf seconds or a port past 65535 exits 2 naming the flag (NaN
+    passed its `> 0` check and ran, or died later with a traceback)."""
+    code, _, err = run(capsys, "score", "--prometheus", "http://127.0.0.1:1", *argv)
+    assert code == 2 and message in err
+
+
+@pytest.mark.parametrize("window", ["0", "-5", "nan", "inf"])
+def test_diagnose_refuses_a_window_that_is_not_positive_seconds(straggler_dir, window, capsys):
+    """`--window 0`, `nan` or `inf` exits 2 naming --window (it was a traceback)."""
+    code, _, err = run(capsys, "diagnose", str(straggler_dir), "--window", window)
+    assert code == 2 and "--window" in err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--time-scale", "nan"], "--time-scale"),
+    (["--time-scale", "-1"], "--time-scale"),
+    (["--ranks", "0"], "--ranks"),
+])
+def test_stack_up_refuses_bad_numbers_before_starting_anything(tmp_path, argv, message, capsys):
+    """`argus stack up` with a NaN or negative time scale, or no ranks, exits 2 naming the flag
+    and starts nothing (a NaN time scale was a traceback, --ranks 0 was accepted)."""
+    code, _, err = run(capsys, "stack", "up", "--workdir", str(tmp_path / "s"),
+                       "--simulate", "healthy", *argv)
+    assert code == 2 and message in err
+    assert not (tmp_path / "s" / "stack.json").exists()
+
+
+@pytest.mark.parametrize("expires", ["0", "-1", "604801"])
+def test_traces_open_refuses_an_expiry_s3_would_not_honour(tmp_path, expires, capsys):
+    """`argus traces open --expires` takes what the processor's ARGUS_TRACE_LINK_EXPIRES_S
+    takes (1 to 604800 s, S3's limit); it printed links that were dead on arrival."""
+    code, out, err = run(capsys, "traces", "open", "--store", f"file://{tmp_path}",
+                         "--job", "j", "--rank", "1", "--expires", expires, "--at", "5m", "ago")
+    assert code == 2 and "--expires" in err and not out

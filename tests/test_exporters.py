@@ -74,9 +74,22 @@ def test_metrics_port_binds_loopback_unless_told_otherwise(env, addr):
     ({"ARGUS_QUEUE_RECORDS": "0"}, "ARGUS_QUEUE_RECORDS"),
     ({"ARGUS_FLUSH_S": "soon"}, "ARGUS_FLUSH_S"),
     ({"ARGUS_METRICS_PORT": "-1"}, "ARGUS_METRICS_PORT"),
+    ({"ARGUS_METRICS_PORT": "70000"}, "ARGUS_METRICS_PORT"),
+    ({"ARGUS_FLUSH_S": "nan"}, "ARGUS_FLUSH_S"),
+    ({"ARGUS_FLUSH_S": "inf"}, "ARGUS_FLUSH_S"),
+    ({"ARGUS_FLUSH_S": "1e308"}, "ARGUS_FLUSH_S"),
+    ({"ARGUS_KERNEL_FLUSH_S": "inf"}, "ARGUS_KERNEL_FLUSH_S"),
+    ({"ARGUS_HTTP_TIMEOUT_S": "nan"}, "ARGUS_HTTP_TIMEOUT_S"),
+    ({"ARGUS_HTTP_TIMEOUT_S": "inf"}, "ARGUS_HTTP_TIMEOUT_S"),
+    ({"ARGUS_HTTP_RETRY_S": "nan"}, "ARGUS_HTTP_RETRY_S"),
+    ({"ARGUS_STACK_SPIKE_RATIO": "nan"}, "ARGUS_STACK_SPIKE_RATIO"),
+    ({"ARGUS_QUEUE_RECORDS": "99999999999999999999"}, "ARGUS_QUEUE_RECORDS"),
+    ({"ARGUS_WINDOW_STEPS": "99999999999999999999"}, "ARGUS_WINDOW_STEPS"),
 ])
 def test_bad_settings_name_the_variable(env, name):
-    """A bad ARGUS_* value is refused with the variable's name."""
+    """A bad ARGUS_* value is refused with the variable's name: not a number, not finite, or
+    beyond what the exporters can use (a port past 65535, a count no deque can hold, a period
+    no timer can wait) is refused at start, never inside training."""
     with pytest.raises(ConfigError, match=name):
         Settings.from_env(env)
 
@@ -97,9 +110,15 @@ def test_identity_from_torchrun_env():
     ({"RANK": "4", "WORLD_SIZE": "4"}, "outside WORLD_SIZE"),
     ({"RANK": "x"}, "RANK"),
     ({"ARGUS_COORDS": "dp=1,zz=2"}, "ARGUS_COORDS"),
+    ({"ARGUS_COORDS": "dp=99999999999999999999"}, "ARGUS_COORDS"),
+    ({"RANK": "99999999999999999999", "WORLD_SIZE": "999999999999999999999"}, "RANK"),
+    ({"ARGUS_JOB": "j" * 5000}, "ARGUS_JOB"),
+    ({"ARGUS_HOST": "h" * 5000}, "ARGUS_HOST"),
 ])
 def test_bad_identity(env, message):
-    """Inconsistent rank variables are refused with a message naming them."""
+    """Inconsistent rank variables are refused with a message naming them, and so are values
+    schema v1 bounds (ranks and coordinates below 2**31, names of at most 4096 characters):
+    the processor would refuse every record of the rank."""
     with pytest.raises(ConfigError, match=message):
         RankIdentity.from_env(env)
 
@@ -209,6 +228,14 @@ def test_job_names_are_safe_path_components():
     assert "/" not in safe_name("a/b\\c") and safe_name("") == "job"
 
 
+@pytest.mark.parametrize("url", ["file://", "file:spool", "file://host/dir"])
+def test_file_sink_needs_an_absolute_directory(url):
+    """``file://`` without an absolute path is refused, not a spool in whatever directory the
+    training job happens to start in."""
+    with pytest.raises(ConfigError, match="ARGUS_SINK"):
+        create_sink(Settings(sink=url), IDENTITY, Health())
+
+
 def test_unknown_sink_scheme(tmp_path):
     """An unknown ARGUS_SINK scheme is refused with the known ones listed."""
     with pytest.raises(ConfigError, match="unknown scheme 'ftp'"):
@@ -253,10 +280,11 @@ def test_http_sink_posts_gzip_ndjson(tmp_path, monkeypatch):
 
 
 def test_dead_endpoint_drops_and_counts_training_continues():
-    """Nothing listening: every batch is dropped and counted; the loop still finishes."""
+    """Nothing listening (and no retry budget: a restarting receiver is waited for, see
+    test_vector_http_sink.py): every batch is dropped and counted; the loop still finishes."""
     url = f"http://127.0.0.1:{free_port()}/v1/records"
-    tracer = Tracer(Settings(enabled=True, sink=url, flush_s=0.02, http_timeout_s=0.2),
-                    IDENTITY, clock=HostClock())
+    tracer = Tracer(Settings(enabled=True, sink=url, flush_s=0.02, http_timeout_s=0.2,
+                             http_retry_s=0.0), IDENTITY, clock=HostClock())
     run_steps(tracer, 20)
     tracer.shutdown(timeout=2)
     assert tracer.health.dropped["sink_error"] == 21
@@ -327,6 +355,14 @@ def test_metrics_endpoint_exposes_steps_windows_and_health(tmp_path):
     assert dropped["queue_full"] == 2
     assert families["argus_exporter_cpu_seconds"].samples[0].value > 0
     assert "argus_exporter_queue_depth" in families
+
+
+def test_metrics_port_past_the_last_one_is_reported_not_raised(tmp_path):
+    """ARGUS_METRICS_PORT + LOCAL_RANK beyond 65535 turns metrics off with the reason."""
+    tracer = Tracer(settings(tmp_path), IDENTITY, clock=HostClock())
+    assert serve(tracer.metrics, 65536, "127.0.0.1", tracer.health) is None
+    assert tracer.health.probes["metrics"][0] == "unavailable"
+    tracer.shutdown()
 
 
 def test_metrics_port_in_use_is_reported_not_raised(tmp_path):
@@ -409,3 +445,52 @@ def test_metrics_say_in_which_order_phases_happen():
     assert sample.labels["rank"] == "0" and sample.value == 1
     assert not [f for f in StepMetrics(identity, Health(), 8).collect()
                 if f.name == "argus_phase_order_info"]  # no step yet, no order
+
+
+_TRAIN_A_LITTLE = """
+import argus_exporters as ax
+ax.start()
+for _ in range(5):
+    with ax.phase("forward"):
+        pass
+    ax.step()
+ax.shutdown(timeout=2)
+print("trained")
+"""
+
+
+@pytest.mark.parametrize("name, value", [
+    ("ARGUS_METRICS_PORT", "70000"),
+    ("ARGUS_COORDS", "dp=99999999999999999999"),
+    ("ARGUS_QUEUE_RECORDS", "99999999999999999999"),
+    ("ARGUS_FLUSH_S", "inf"),
+    ("ARGUS_HOST", "h" * 5000),
+])
+def test_an_absurd_value_never_stops_training(tmp_path, name, value):
+    """A training process started with an absurd ARGUS_* value trains to the end, untraced,
+    and its log names the variable (it used to die of an OverflowError or TypeError)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ARGUS_ENABLED": "1", "ARGUS_SINK": f"file://{tmp_path}/spool",
+           name: value}
+    done = subprocess.run([sys.executable, "-c", _TRAIN_A_LITTLE], env=env, timeout=60,
+                          capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "trained", done.stderr[-2000:]
+    assert "bad configuration" in done.stderr and name in done.stderr
+
+
+def test_an_unexpected_error_at_start_leaves_argus_off(monkeypatch, caplog):
+    """Whatever goes wrong while the exporters start (not only a bad setting), start() logs it
+    and returns the no-op tracer: the training script goes on untraced."""
+    import argus_exporters
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(argus_exporters, "_started", False)
+    monkeypatch.setattr(argus_exporters, "_tracer", NoOpTracer())
+    monkeypatch.setattr(argus_exporters, "Tracer", broken)
+    monkeypatch.setenv("ARGUS_ENABLED", "1")
+    assert isinstance(argus_exporters.start(), NoOpTracer)
+    assert "disk on fire" in caplog.text

@@ -103,6 +103,23 @@ def test_argus_run_reports_missing_command():
     assert proc.returncode == 2 and "nothing to run" in proc.stderr
 
 
+@pytest.mark.parametrize(("argv", "env", "message"), [
+    (["--sink", "ftp://x/spool"], {}, "unknown scheme 'ftp'"),
+    (["--sink", "file://"], {}, "ARGUS_SINK"),
+    ([], {"ARGUS_FLUSH_S": "nan"}, "ARGUS_FLUSH_S"),
+    ([], {"ARGUS_COORDS": "dp=1,zz=2"}, "ARGUS_COORDS"),
+])
+def test_argus_run_refuses_a_bad_setting_before_starting_the_job(tmp_path, argv, env, message):
+    """A bad sink or ARGUS_* value stops `argus run` at once (exit 2, the variable named),
+    instead of a job that trains for hours untraced with the reason only in each rank's log."""
+    marker = tmp_path / "ran"
+    proc = subprocess.run([str(BIN / "argus"), "run", *argv, "--", sys.executable, "-c",
+                           f"open({str(marker)!r}, 'w')"],
+                          capture_output=True, text=True, env={**os.environ, **env}, timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not marker.exists()
+
+
 # -- the comm hook, in one process (a world of one) ------------------------------------------
 @pytest.fixture
 def ddp_model(tmp_path):

@@ -141,7 +141,43 @@ def test_cli_live_announces_onsets_and_stops_on_sigterm(tmp_path):
     ([], "give --out DIR, or --live"),
     (["--live", "--step-seconds", "0"], "--step-seconds must be > 0"),
     (["--live", "--fault-delay", "-1"], "--fault-delay must be >= 0"),
+    (["--live", "--processor", "ftp://x/v1/records"], "--processor must be an http(s):// URL"),
+    (["--live", "--processor", "127.0.0.1:9700"], "--processor must be an http(s):// URL"),
 ])
 def test_cli_refuses_bad_live_arguments(argv, message, capsys):
     assert main(["simulate", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_closing_a_live_job_toward_a_dead_processor_takes_one_flush_not_one_per_rank():
+    """`argus stack down` after the processor crashed: the live job's ranks give the processor
+    one shared flush timeout together (it used to be 2 s per rank, one after the other, so a
+    16-rank job outlived `stack down`'s 20 s and was killed)."""
+    config = CASES["healthy"].config(steps=3, topology=Topology(dp=16))
+    job = LiveJob(LiveConfig(sim=config, processor=f"http://127.0.0.1:{free_port()}/v1/records",
+                             step_seconds=0.05))
+    job.close = lambda: None  # run the steps, close below
+    job.run()
+    assert len(job.ranks) == 16
+    del job.close
+    began = time.monotonic()
+    job.close()
+    assert time.monotonic() - began < 10
+
+
+def test_the_stack_runs_the_moto_server_of_its_own_environment(tmp_path, monkeypatch):
+    """`argus stack up` starts the moto_server installed beside the running Python (the one
+    `pip install '.[dev]'` brought), not whichever one PATH finds first (a pyenv shim,
+    another virtualenv's older moto)."""
+    from pathlib import Path
+
+    from argus_core.stack.stack import binary
+
+    own = Path(sys.executable).parent / "moto_server"
+    if not own.exists():
+        pytest.skip("moto_server is not installed beside this Python")
+    other = tmp_path / "moto_server"
+    other.write_text("#!/bin/sh\nexit 1\n")
+    other.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert binary("moto_server") == str(own)

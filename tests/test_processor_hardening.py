@@ -479,3 +479,28 @@ def test_exposition_after_several_jobs_passes_promtool(tmp_path):
     assert all(line == known for line in report.splitlines() if line.strip()), report
     jobs = {s.labels["job"] for s in families(text["body"])["argus_kernel_executions"].samples}
     assert jobs == {"llm", "vision", "rl"}
+
+
+@pytest.mark.parametrize(("setting", "value"), [
+    ("window_s", float("nan")), ("grace_s", float("nan")), ("max_skew_s", float("inf")),
+    ("max_age_s", float("nan")), ("wal_sync_interval_s", float("nan")),
+    ("read_timeout_s", float("nan")), ("idle_timeout_s", float("inf")),
+    ("state_ttl_s", float("nan")),
+])
+def test_settings_that_are_not_finite_are_refused_by_name(setting, value):
+    """NaN passes every `<= 0` check; a processor started with `--read-timeout nan` or
+    `--window nan` must refuse at start, naming the setting, not fail later or never time out."""
+    from argus_core.processor.config import ProcessorConfig
+
+    with pytest.raises(ValueError, match=setting):
+        ProcessorConfig(**{setting: value}).validate()
+
+
+def test_a_listen_port_past_65535_is_refused_by_the_command(tmp_path, capsys):
+    """`argus processor --listen 127.0.0.1:99999` exits 2 naming --listen (was a traceback)."""
+    from argus_core.cli import main
+
+    code = main(["processor", "--listen", "127.0.0.1:99999", "--spool", str(tmp_path / "s"),
+                 "--store", f"file://{tmp_path / 'store'}"])
+    assert code == 2
+    assert "--listen '127.0.0.1:99999'" in capsys.readouterr().err

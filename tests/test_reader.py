@@ -201,6 +201,32 @@ def test_stdin_rejects_are_reported_with_source_dash(monkeypatch):
     assert result.records == 2
 
 
+def test_gzip_on_stdin_is_decompressed(monkeypatch):
+    """'-' fed a gzip stream (``cat spool/*.ndjson.gz | argus diagnose -``) reads its records."""
+    data = gzip.compress(f"{rank_rec(0)}\n{step_rec(0, 1)}\n".encode())
+    monkeypatch.setattr("sys.stdin", types.SimpleNamespace(buffer=io.BytesIO(data)))
+    result = load_traces(["-"])
+    assert result.rejected == 0
+    assert result.traces["j"].steps.step.tolist() == [1]
+
+
+def test_truncated_gzip_keeps_its_lines_and_the_other_files(tmp_path):
+    """A .gz cut short (a job killed mid-write, a partial copy) is a reject naming the file, not
+    a crash: its complete lines and every other file still load."""
+    good = tmp_path / "rank-0.ndjson"
+    write_lines(good, [rank_rec(0), step_rec(0, 0)])
+    lines = [rank_rec(1)] + [step_rec(1, step) for step in range(400)]
+    whole = gzip.compress("".join(f"{text}\n" for text in lines).encode())
+    (tmp_path / "rank-1.ndjson.gz").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "rank-2.ndjson.gz").write_bytes(b"\x1f\x8bnot a gzip stream")
+    result = load_traces([tmp_path])
+    steps = result.traces["j"].steps
+    assert sorted(set(steps.rank.tolist())) == [0, 1]
+    assert 0 < int((steps.rank == 1).sum()) < 400
+    assert {r.source.rsplit("/", 1)[-1] for r in result.rejects if r.field == "gzip"} == {
+        "rank-1.ndjson.gz", "rank-2.ndjson.gz"}
+
+
 # --------------------------------------------------------------------------- bad lines
 
 
@@ -357,6 +383,26 @@ def test_duplicate_step_counts_once_and_last_copy_wins(tmp_path):
     assert rows == [(0, 0, 0.5), (0, 1, 0.9), (0, 2, 0.5), (1, 1, 0.7)]
     (row,) = np.flatnonzero((steps.rank == 0) & (steps.step == 1))
     assert steps.phases[row, steps.phase_names.index("mlp")] == pytest.approx(0.45)
+
+
+def test_a_restarted_process_keeps_its_latest_steps_and_is_counted(tmp_path):
+    """A job restarted into the same spool numbers its steps from 0 again: a step number seen
+    at two different times is the later attempt's (whatever order the files are read in), and
+    the trace counts such steps per rank so the user is told the attempts mixed."""
+    def at(rank, step, t_s, wall_s):
+        return line(v=1, kind="step", job="j", rank=rank, step=step, t_ns=t_s * 10**9,
+                    wall_s=wall_s, gpu_s=wall_s * 0.9, phases={"mlp": wall_s / 2})
+
+    write_lines(tmp_path / "a-second-attempt.ndjson",
+                [at(0, step, 2000 + step, 0.9) for step in range(3)])
+    write_lines(tmp_path / "b-first-attempt.ndjson",
+                [at(0, step, 1000 + step, 0.5) for step in range(5)]
+                + [at(1, step, 1000 + step, 0.5) for step in range(5)])
+    trace = load_traces([tmp_path]).traces["j"]
+    rows = sorted(zip(trace.steps.rank.tolist(), trace.steps.step.tolist(),
+                      trace.steps.wall_s.tolist(), strict=True))
+    assert rows[:5] == [(0, 0, 0.9), (0, 1, 0.9), (0, 2, 0.9), (0, 3, 0.5), (0, 4, 0.5)]
+    assert trace.restarted_steps == {0: 3}
 
 
 def test_duplicate_step_across_files_counts_once(tmp_path):

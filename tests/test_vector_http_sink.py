@@ -5,9 +5,11 @@ thread: the training thread never waits and the queue stays bounded."""
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import gzip
 import http.server
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -210,3 +212,154 @@ def test_shutdown_ends_a_retry_wait(receiver):
     assert not worker.is_alive() and result == [False]
     assert sink.failure_reason == "receiver_busy"
     assert not sink.export(LINES) and health.http_retries == {"503": 1}
+
+
+def _serve_ok_on(port: int, keep_alive: bool = True) -> http.server.ThreadingHTTPServer:
+    """A receiver answering 200 on ``port`` (HTTP/1.1 keep-alive, like the processor)."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1" if keep_alive else "HTTP/1.0"
+
+        def setup(self):
+            super().setup()
+            self.server.connections.append(self.connection)
+
+        def do_POST(self):
+            self.server.bodies.append(gzip.decompress(
+                self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server.bodies = []
+    server.connections = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _stop(server: http.server.ThreadingHTTPServer) -> None:
+    """Stop it as a killed process would: kept-alive connections are closed too."""
+    server.shutdown()
+    server.server_close()
+    for connection in server.connections:
+        with contextlib.suppress(OSError):
+            connection.shutdown(socket.SHUT_RDWR)
+        connection.close()
+
+
+def test_a_receiver_restarting_is_waited_for_within_the_budget():
+    """The processor restarting (SIGKILL, then systemd starts it again a second later): the
+    batch posted while nothing listens is retried with backoff and delivered once the receiver
+    is back, instead of being dropped while the processor's log would have kept it."""
+    from support import free_port
+
+    port = free_port()
+    health = Health()
+    sink = sink_for(f"http://127.0.0.1:{port}/v1/records", health, http_retry_s=30.0,
+                    http_timeout_s=2.0)
+    later: list[http.server.ThreadingHTTPServer] = []
+    starter = threading.Timer(1.0, lambda: later.append(_serve_ok_on(port)))
+    starter.start()
+    try:
+        assert sink.export(LINES)
+        assert later[0].bodies == [b"".join(LINES)]
+        assert health.http_retries.get("connection", 0) >= 1
+    finally:
+        starter.join()
+        for server in later:
+            _stop(server)
+        sink.shutdown()
+
+
+def test_a_kept_alive_connection_to_a_restarted_receiver_costs_no_batch():
+    """After the receiver restarts, the sink's kept-alive connection is dead: the next batch
+    goes out on a fresh connection instead of being dropped as a sink error."""
+    from support import free_port
+
+    port = free_port()
+    health = Health()
+    sink = sink_for(f"http://127.0.0.1:{port}/v1/records", health, http_retry_s=30.0)
+    first = _serve_ok_on(port)
+    try:
+        assert sink.export(LINES[:1])
+    finally:
+        _stop(first)
+    second = _serve_ok_on(port)
+    try:
+        assert sink.export(LINES[1:])
+        assert second.bodies == [b"".join(LINES[1:])]
+        assert sink.failure_reason is None
+    finally:
+        _stop(second)
+        sink.shutdown()
+
+
+def test_nothing_listening_for_the_whole_budget_is_a_sink_error():
+    """A receiver that never comes back: the batch is given up once the budget is spent, as a
+    sink error (the endpoint is wrong or down), not as a busy receiver."""
+    from support import free_port
+
+    health = Health()
+    sink = sink_for(f"http://127.0.0.1:{free_port()}/v1/records", health, http_retry_s=1.0)
+    assert not sink.export(LINES)
+    assert sink.failure_reason == "sink_error"
+    assert health.http_retries.get("connection", 0) >= 1
+
+
+def test_shutdown_toward_a_dead_receiver_keeps_its_timeout_and_accounts_for_every_record():
+    """Training exits while the processor is down: the shipper's shutdown(timeout) gives the
+    receiver the timeout to come back, then stops the sink's retry wait and returns with every
+    record shipped or counted, instead of waiting a second timeout for the stuck thread."""
+    from support import free_port
+
+    health = Health()
+    sink = sink_for(f"http://127.0.0.1:{free_port()}/v1/records", health, http_retry_s=60.0)
+    shipper = Shipper(sink, health, max_records=100, batch_records=4, flush_s=0.02)
+    for i in range(10):
+        shipper.submit(b'{"n":%d}\n' % i)
+    deadline = time.monotonic() + 30
+    while not health.http_retries and time.monotonic() < deadline:  # in a retry wait now
+        time.sleep(0.01)
+    began = time.monotonic()
+    shipper.shutdown(timeout=4.0)
+    took = time.monotonic() - began
+    assert health.records_shipped + sum(health.dropped.values()) == 10, dict(health.dropped)
+    assert took < 6.5, took  # one timeout (4 s) and the drain, not two
+
+
+def test_a_refused_batch_logs_what_the_receiver_said(caplog):
+    """A rank whose clock runs hours ahead: the processor refuses its records with a 400 that
+    names the field and says to check the clock. That answer reaches the training log, not
+    only a sink_error count that does not say why."""
+    answer = (b'{"accepted": 0, "rejected": 5, "errors": ["line 1: t_ns: 7140 s ahead of the '
+              b"processor's clock (more than 300 s; check the host's clock)\"]}")
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(400)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.connections = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    health = Health()
+    sink = sink_for(f"http://127.0.0.1:{server.server_address[1]}/v1/records", health)
+    try:
+        with caplog.at_level("WARNING", logger="argus_exporters"):
+            assert not sink.export(LINES)
+            assert not sink.export(LINES)
+    finally:
+        _stop(server)
+    said = [r.getMessage() for r in caplog.records if "check the host's clock" in r.getMessage()]
+    assert len(said) == 1 and "400" in said[0], [r.getMessage() for r in caplog.records]

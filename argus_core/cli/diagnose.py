@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -62,6 +63,10 @@ def run(args: argparse.Namespace) -> int:
     from argus_core.reader import InputError
     from argus_core.report.coverage import LEVELS, not_judged
 
+    if not math.isfinite(args.window) or args.window <= 0:
+        print(f"argus diagnose: error: --window {args.window:g}: expected seconds > 0",
+              file=sys.stderr)
+        return 2
     try:
         result = load(args.paths)
     except InputError as exc:
@@ -77,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
               f"({', '.join(sorted(result.traces))}); choose one with --job", file=sys.stderr)
         return 2
     job = args.job or next(iter(result.traces))
+    _report_restarts(result.traces[job].restarted_steps)
     config = DiagnoseConfig(window_s=args.window, peer_axis=args.peer_axis)
     diagnosis = diagnose(result.traces[job], config)
     blind = not_judged(diagnosis)
@@ -101,6 +107,20 @@ def run(args: argparse.Namespace) -> int:
             print(f"argus diagnose: warning: {missing.level.upper()} not judged: "
                   f"{missing.reason}", file=sys.stderr)
     return NOTHING_JUDGED if len(blind) == len(LEVELS) else 0
+
+
+def _report_restarts(restarted: dict[int, int]) -> None:
+    """Warn when ranks recorded the same step numbers at different times: a job restarted
+    into the same spool, whose attempts the diagnosis now mixes."""
+    if not restarted:
+        return
+    from argus_core.detect.verdict import ranks_text
+
+    shown = ranks_text(restarted)
+    print(f"argus diagnose: warning: {len(restarted)} rank(s) recorded the same step numbers at "
+          f"different times (a job restarted into the same spool?): {shown}; the latest copy "
+          f"of each step is kept, so the attempts are mixed: diagnose each attempt's files on "
+          f"their own", file=sys.stderr)
 
 
 def _report_rejects(result) -> None:

@@ -75,7 +75,8 @@ def register(commands) -> None:
                    metavar="SECONDS",
                    help="a connection's request headers must arrive within this (default 30)")
     p.add_argument("--top-k", type=int, default=_DEFAULTS.top_k,
-                   help="kernels per rank on /metrics")
+                   help="kernels per rank on /metrics, those with the most time (default "
+                        f"{_DEFAULTS.top_k})")
     p.add_argument("--token-env", default="ARGUS_PROCESSOR_TOKEN", metavar="VAR",
                    help="environment variable holding the bearer token (unset: no auth)")
     p.set_defaults(run=run)
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     from argus_core.processor.service import serve
 
     host, sep, port = args.listen.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not port.isdigit() or int(port) > 65_535:
         print(f"argus processor: error: --listen {args.listen!r}: expected HOST:PORT",
               file=sys.stderr)
         return 2

@@ -47,8 +47,29 @@ def run(args: argparse.Namespace) -> int:
         env["ARGUS_JOB"] = args.job
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(autostart_dir()),
                                                       env.get("PYTHONPATH")]))
+    problem = settings_problem(env)
+    if problem:
+        print(f"argus run: error: {problem}", file=sys.stderr)
+        return 2
     try:
         return subprocess.call(command, env=env)
     except FileNotFoundError:
         print(f"argus run: error: command not found: {command[0]}", file=sys.stderr)
         return 127
+
+
+def settings_problem(env: dict[str, str]) -> str | None:
+    """What the ranks' exporters would refuse in ``env`` (a bad ARGUS_* value, an unknown sink),
+    checked once here so a bad setting stops the launch instead of leaving the job untraced."""
+    from argus_exporters.config import ConfigError, Settings
+    from argus_exporters.health import Health
+    from argus_exporters.identity import RankIdentity
+    from argus_exporters.sinks import create_sink
+
+    try:
+        settings = Settings.from_env(env)
+        if settings.enabled:
+            create_sink(settings, RankIdentity.from_env(env), Health()).shutdown()
+    except ConfigError as exc:
+        return str(exc)
+    return None

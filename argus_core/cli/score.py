@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 
 
@@ -43,8 +44,12 @@ def run(args: argparse.Namespace) -> int:
     host, sep, port = args.listen.rpartition(":")
     index, slash, count = args.shard.partition("/")
     try:
-        if not sep or not port.isdigit():
+        if not sep or not port.isdigit() or int(port) > 65_535:
             raise ValueError(f"--listen {args.listen!r}: expected HOST:PORT")
+        for flag, seconds in (("--interval", args.interval), ("--timeout", args.timeout),
+                              ("--window", args.window)):
+            if not math.isfinite(seconds):  # NaN passes every range check
+                raise ValueError(f"{flag} {seconds}: expected a finite number of seconds")
         if not slash or not index.isdigit() or not count.isdigit() or int(count) < 1:
             raise ValueError(f"--shard {args.shard!r}: expected I/N, e.g. 0/4")
         config = ScoreConfig(prometheus=args.prometheus, interval_s=args.interval,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -43,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         if args.action == "up":
+            if not math.isfinite(args.time_scale) or args.time_scale <= 0:
+                raise StackError(f"--time-scale {args.time_scale:g}: expected a factor > 0")
             stack = up(StackConfig(Path(args.workdir), tuple(args.simulate), args.ranks,
                                    args.time_scale, args.rules_config))
             _print(stack)

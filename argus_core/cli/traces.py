@@ -270,6 +270,9 @@ def _open_links(args: argparse.Namespace) -> int:
 
     from argus_core.processor import links
 
+    if not 1 <= args.expires <= links.MAX_EXPIRES_S:
+        raise _UsageError(f"--expires {args.expires}: seconds, 1 to {links.MAX_EXPIRES_S} "
+                          f"(S3's limit)")
     text = " ".join(args.at)
     try:
         at_ns = links.parse_at(text)

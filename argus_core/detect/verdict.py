@@ -11,6 +11,7 @@ stayed flat (case 4, and a sustained host stall), else the part of their own tim
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,7 +31,8 @@ class Verdict:
     evidence: str
 
 
-def _ranks_text(ranks) -> str:
+def ranks_text(ranks: Iterable[int]) -> str:
+    """Ranks for a message: sorted, the first eight, then how many more."""
     ranks = sorted(set(ranks))
     shown = ", ".join(map(str, ranks[:8]))
     return shown + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
@@ -87,7 +89,7 @@ def _compute_evidence(phases, kernels, late_roles, onset: str) -> str:
         waiting = sorted({p for r in late_roles for p in r.peers})
         share = min(r.share for r in late_roles)
         text += (f". Its {', '.join(names)} take {share:.2f}x the time of its peers (ranks "
-                 f"{_ranks_text(waiting)} wait for it there): it arrives late, so the network "
+                 f"{ranks_text(waiting)} wait for it there): it arrives late, so the network "
                  f"is not the cause")
     return text
 
@@ -97,7 +99,7 @@ def _link_evidence(rank: int, links, collectives, all_l3: list[KernelFinding]) -
     for finding in sorted(collectives, key=lambda f: -f.score)[:3]:
         same = {f.rank for f in all_l3 if f.kernel == finding.kernel and f.stream ==
                 finding.stream}
-        shared = f", as on ranks {_ranks_text(same)}" if len(same) > 1 else ""
+        shared = f", as on ranks {ranks_text(same)}" if len(same) > 1 else ""
         parts.append(f"{finding.kernel} on stream {finding.stream} +{finding.score:.0%} slower "
                      f"than healthy peers{shared}")
     text = "; ".join(parts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 DEFAULT_MAX_SPOOL_BYTES = 4 << 30
@@ -64,9 +65,14 @@ class ProcessorConfig:
                     "chunk_events", "chunk_bytes", "wal_sync_interval_s", "wal_segment_bytes",
                     "wal_max_bytes", "state_ttl_s", "max_ranks", "read_timeout_s",
                     "idle_timeout_s", "max_connections", "top_k", "max_spool_bytes")
+        for name in (*positive, "grace_s"):  # NaN would pass every comparison below
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not 0 <= self.port <= 65_535:
+            raise ValueError(f"port must be from 0 to 65535, got {self.port}")
         if self.grace_s < 0:
             raise ValueError(f"grace_s must be >= 0, got {self.grace_s}")
         return self

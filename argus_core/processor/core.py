@@ -176,10 +176,6 @@ class Processor:
             return "upload spool nearly full (is the trace store reachable?)"
         return None
 
-    def overloaded(self) -> bool:
-        """True when more records would push memory, the log or the spool past their bounds."""
-        return self.busy() is not None
-
     def reserve(self, nbytes: int) -> bool:
         """Count a request body about to be read against the budget; False (nothing
         reserved) when it does not fit. One body at a time always fits (a budget smaller

@@ -46,6 +46,7 @@ EXPIRES_ENV = "ARGUS_TRACE_LINK_EXPIRES_S"
 PUBLIC_URL_ENV = "ARGUS_PUBLIC_URL"
 DEFAULT_PERFETTO_UI = "https://ui.perfetto.dev"
 DEFAULT_EXPIRES_S = 900
+MAX_EXPIRES_S = 7 * 86_400  # the longest S3 honours (SigV4)
 LOOKBACK_S = 600
 """A window that started longer than this before the requested time is not "the one at T"."""
 FILE_ROUTE = "/v1/traces/file/"
@@ -126,8 +127,9 @@ SETTINGS_KEY = web.AppKey("trace_links", LinkSettings)
 def add_routes(app: web.Application, store: TraceStore) -> None:
     """Serve the trace links of ``store`` from ``app`` (settings from the environment)."""
     expires = os.environ.get(EXPIRES_ENV, "")
-    if expires and not (expires.isdigit() and 1 <= int(expires) <= 7 * 86400):
-        raise ValueError(f"{EXPIRES_ENV}={expires!r}: seconds, 1 to 604800 (S3's limit)")
+    if expires and not (expires.isdigit() and 1 <= int(expires) <= MAX_EXPIRES_S):
+        raise ValueError(f"{EXPIRES_ENV}={expires!r}: seconds, 1 to {MAX_EXPIRES_S} "
+                         f"(S3's limit)")
     app[SETTINGS_KEY] = LinkSettings(
         store=store, expires_s=int(expires or DEFAULT_EXPIRES_S),
         perfetto_ui=(os.environ.get(PERFETTO_UI_ENV) or DEFAULT_PERFETTO_UI).rstrip("/"),

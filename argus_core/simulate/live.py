@@ -25,6 +25,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import urlparse
 
 import numpy as np
 
@@ -48,6 +49,10 @@ class LiveConfig:
     def __post_init__(self) -> None:
         if self.step_seconds <= 0:
             raise ValueError(f"--step-seconds must be > 0, got {self.step_seconds}")
+        if self.processor and (urlparse(self.processor).scheme not in ("http", "https")
+                               or not urlparse(self.processor).hostname):
+            raise ValueError(f"--processor must be an http(s):// URL (e.g. "
+                             f"http://127.0.0.1:9700/v1/records), got {self.processor!r}")
 
 
 def healthy_step_s(config: SimConfig) -> float:
@@ -210,10 +215,14 @@ class LiveJob:
         self._stop.set()
 
     def close(self) -> None:
-        """Flush the shippers, stop serving, remove the targets file."""
-        for rank in self.ranks.values():
-            if rank.shipper is not None:
-                rank.shipper.shutdown(timeout=2.0)
+        """Flush the shippers (2 s for all of them together), stop serving, remove the
+        targets file."""
+        shippers = [rank.shipper for rank in self.ranks.values() if rank.shipper is not None]
+        deadline = time.monotonic() + 2.0
+        for shipper in shippers:
+            shipper.force_flush(max(0.0, deadline - time.monotonic()))
+        for shipper in shippers:
+            shipper.shutdown(timeout=max(0.0, deadline - time.monotonic()))
         for server, _port in self.servers.values():
             server.shutdown()
             server.server_close()

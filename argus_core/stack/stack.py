@@ -48,12 +48,13 @@ class StackConfig:
 
 
 def binary(name: str) -> str:
-    """Path of a required program, or a StackError saying how to install it."""
+    """Path of a required program, or a StackError saying how to install it. Python tools
+    (moto_server) come from beside the running interpreter first, as pip installed them."""
+    beside = Path(sys.executable).parent / name
+    if name == "moto_server" and beside.exists():
+        return str(beside)
     path = shutil.which(name)
     if path is None:
-        extra = (f"{Path(sys.executable).parent / name}" if name == "moto_server" else "")
-        if extra and Path(extra).exists():
-            return extra
         hint = ("pip install 'moto[server]'" if name == "moto_server" else
                 "apt-get install prometheus prometheus-alertmanager")
         raise StackError(f"{name} is not installed ({hint})")

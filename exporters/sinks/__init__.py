@@ -1,7 +1,8 @@
 """Where shipped records go. A sink is three methods, as in OpenTelemetry's exporters:
 ``export(lines) -> bool``, ``force_flush(timeout) -> bool`` and ``shutdown()``; it never raises
-into its caller. Sinks are chosen by URL scheme through the ``argus_exporters.sinks`` entry
-points, so a new destination is a new class, not an edit here."""
+into its caller. A sink that waits to retry may add ``stop_waiting()``, which the shipper calls
+when its shutdown timeout runs out. Sinks are chosen by URL scheme through the
+``argus_exporters.sinks`` entry points, so a new destination is a new class, not an edit here."""
 
 from __future__ import annotations
 

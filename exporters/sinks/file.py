@@ -31,7 +31,7 @@ class FileSink:
 
     def __init__(self, settings: Settings, identity: RankIdentity, health: Health):
         url = urlparse(settings.sink)
-        if url.netloc not in ("", "localhost"):
+        if url.netloc not in ("", "localhost") or not url.path.startswith("/"):
             raise ConfigError(f"ARGUS_SINK={settings.sink!r}: file URLs are file:///absolute/dir")
         self.directory = Path(unquote(url.path)) / safe_name(identity.job)
         self.prefix = f"rank-{identity.rank:05d}-{os.getpid()}"

@@ -7,8 +7,14 @@ one, after an exponential backoff. The waits of one batch are bounded by ``http_
 (``ARGUS_HTTP_RETRY_S``): a wait that would overrun the budget is not started. Every retry is
 counted (``argus_exporter_http_retries_total{status}``); a batch still refused at the end is
 reported as failed with ``failure_reason = "receiver_busy"``, which the shipper counts as
-dropped. Other answers are not retried: a 2xx is delivered; a 4xx, a dead endpoint or a timeout
-costs at most one ``http_timeout_s`` and is a ``sink_error``. ``shutdown`` ends a wait at once.
+dropped. A receiver that is restarting (the connection refused, or closed before an answer:
+the processor killed and started again) is retried the same way, with backoff within the same
+budget (``status="connection"``), and a kept-alive connection found dead is replaced at once,
+so a restart costs no batch; still unreachable at the end, the batch is a ``sink_error``. Other
+answers are not retried: a 2xx is delivered; a 4xx, a 5xx other than 503 or a timeout (the
+receiver may be working on it) costs at most one ``http_timeout_s`` and is a ``sink_error``;
+what the receiver said about a refused batch goes to the log (once a minute per answer).
+``shutdown`` ends a wait at once.
 While the shipper's thread waits, the training thread keeps submitting into the shipper's
 bounded queue, which drops its oldest lines (counted) when full.
 """
@@ -18,8 +24,10 @@ from __future__ import annotations
 import email.utils
 import gzip
 import http.client
+import logging
 import os
 import threading
+import time
 from datetime import UTC, datetime
 from urllib.parse import urlparse
 
@@ -28,6 +36,11 @@ from argus_exporters.health import Health
 from argus_exporters.identity import RankIdentity
 
 RETRIED_STATUSES = (429, 503)
+NO_CONNECTION = "connection"  # the retry label of a receiver that could not be reached
+_ANSWER_LOGGED_CHARS = 500  # of a refusal's body, in the training log
+_ANSWER_LOG_EVERY_S = 60.0  # the same refusal is logged again at most this often
+
+logger = logging.getLogger("argus_exporters")
 _BACKOFF_FIRST_S = 0.5  # without Retry-After: 0.5, 1, 2, 4, 8, 8... seconds
 _BACKOFF_MAX_S = 8.0
 _MIN_WAIT_S = 0.1  # "Retry-After: 0" still waits a little, so retries stay bounded
@@ -70,6 +83,7 @@ class HttpSink:
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
         self.failure_reason: str | None = None  # why the last failed batch failed
+        self._last_refusal: tuple[str, float] = ("", 0.0)  # (what was logged, when)
         self._conn: http.client.HTTPConnection | None = None
         self._closing = threading.Event()
 
@@ -84,41 +98,63 @@ class HttpSink:
             self._conn.close()
             self._conn = None
 
-    def _post(self, body: bytes) -> tuple[int | None, str | None]:
-        """One attempt: (status, Retry-After header), or (None, None) when it did not get an
-        answer (the connection is then opened afresh next time)."""
+    def _post(self, body: bytes) -> tuple[int | str | None, str | None]:
+        """One attempt: (status, Retry-After header); ``NO_CONNECTION`` when the receiver could
+        not be reached or closed the connection before answering, None on a timeout (the
+        connection is then opened afresh next time)."""
+        reused = self._conn is not None
         try:
             conn = self._connection()
             conn.request("POST", self.path, body=body, headers=self.headers)
             response = conn.getresponse()
-            response.read()
+            answer = response.read()
+            if response.status >= 400 and response.status not in RETRIED_STATUSES:
+                self._log_refusal(response.status, answer)
             return response.status, response.getheader("Retry-After")
-        except (OSError, http.client.HTTPException):
+        except TimeoutError:
             self._reset()
             return None, None
+        except (OSError, http.client.HTTPException):
+            self._reset()
+            if reused and not self._closing.is_set():  # a kept-alive connection gone stale
+                return self._post(body)
+            return NO_CONNECTION, None
+
+    def _log_refusal(self, status: int, answer: bytes) -> None:
+        """Say in the training log what the receiver answered to a refused batch (the
+        processor names the field: a clock hours off, a name too long), once per minute."""
+        said = answer[:_ANSWER_LOGGED_CHARS].decode("utf-8", "replace").strip()
+        message = f"HTTP {status} from {self.host}:{self.port}{self.path}: {said}"
+        last, when = self._last_refusal
+        now = time.monotonic()
+        if message != last or now - when >= _ANSWER_LOG_EVERY_S:
+            self._last_refusal = (message, now)
+            logger.warning("argus: the receiver refused a batch: %s", message)
 
     def export(self, lines: list[bytes]) -> bool:
-        """Send one batch, retrying a busy receiver within the budget; True once delivered."""
+        """Send one batch, retrying a busy or restarting receiver within the budget; True once
+        delivered."""
         body = gzip.compress(b"".join(lines), compresslevel=1)
         self.failure_reason = None
         waited = 0.0
         retries = 0
         while True:
             status, retry_after = self._post(body)
-            if status is not None and 200 <= status < 300:
+            if isinstance(status, int) and 200 <= status < 300:
                 return True
-            if status not in RETRIED_STATUSES:
+            if status != NO_CONNECTION and status not in RETRIED_STATUSES:
                 self.failure_reason = "sink_error"
                 return False
+            failure = "sink_error" if status == NO_CONNECTION else "receiver_busy"
             asked = retry_after_seconds(retry_after)
             wait = max(_MIN_WAIT_S, asked if asked is not None
                        else min(_BACKOFF_FIRST_S * 2**retries, _BACKOFF_MAX_S))
             if waited + wait > self.retry_budget_s or self._closing.is_set():
-                self.failure_reason = "receiver_busy"
+                self.failure_reason = failure
                 return False
             self.health.http_retry(status)
             if self._closing.wait(wait):  # shutting down: stop waiting, count the batch
-                self.failure_reason = "receiver_busy"
+                self.failure_reason = failure
                 return False
             waited += wait
             retries += 1
@@ -126,6 +162,10 @@ class HttpSink:
     def force_flush(self, timeout: float) -> bool:
         """Nothing is buffered here."""
         return True
+
+    def stop_waiting(self) -> None:
+        """End any retry wait now and retry no more (shutting down); safe from any thread."""
+        self._closing.set()
 
     def shutdown(self) -> None:
         """End any retry wait and close the connection."""
