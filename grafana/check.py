@@ -25,10 +25,10 @@ from argus_grafana import queries as q
 from argus_grafana.prometheus import PrometheusError, api
 
 SKIP_REASONS = {
-    q.RULES: "needs the Argus recording rules (recording_rules/, issue 12) in this Prometheus",
+    q.RULES: "needs the Argus recording rules (recording_rules/) in this Prometheus",
     q.ALERTS: "needs the Argus alert rules evaluated live (Prometheus writes ALERTS only "
               "while it evaluates them; a backfilled history cannot hold them)",
-    q.SCORER: "needs the W1 scoring job (`argus score`, issue 12) scraped by this Prometheus",
+    q.SCORER: "needs the W1 scoring job (`argus score`) scraped by this Prometheus",
     q.PROMETHEUS: "needs series Prometheus writes when it scrapes (up, scrape_duration_seconds, "
                   "process_*); a backfilled history has none",
     q.EXPORTER: "needs the exporters' metrics in this Prometheus",

@@ -13,8 +13,8 @@ Where the names come from:
 - ``processor``: ``argus processor``'s ``/metrics``. Its health series carry no ``job`` label of
   their own, so they get the scrape job's (``argus-processor``); its kernel summaries keep the
   training job's.
-- ``rules`` and ``alerts``: ``recording_rules/`` and ``alerting/`` (issue 12).
-- ``scorer``: ``argus score`` (issue 12).
+- ``rules`` and ``alerts``: ``recording_rules/`` and ``alerting/``.
+- ``scorer``: ``argus score``.
 - ``prometheus``: series Prometheus writes itself (``up``, ``scrape_*``, ``process_*`` of a
   target).
 """
@@ -80,7 +80,7 @@ METRICS: dict[str, str] = {
     "argus_processor_spool_bytes": PROCESSOR,
     "argus_processor_buffered_kernel_events": PROCESSOR,
     "argus_processor_open_windows": PROCESSOR,
-    # recording rules (recording_rules/argus.rules.yml, issue 12)
+    # recording rules (recording_rules/argus.rules.yml)
     "job:argus_iteration_seconds:recent_median": RULES,
     "job:argus_iteration_seconds:baseline_median": RULES,
     "job:argus_iteration_regression:ratio": RULES,
@@ -88,9 +88,9 @@ METRICS: dict[str, str] = {
     "axis_group:argus_phase_seconds:threshold": RULES,
     "job_phase:argus_phase_log_ratio:scale": RULES,
     "job:argus_l2_z:family": RULES,
-    # alert rules (alerting/argus.alerts.yml, issue 12): Prometheus's ALERTS series
+    # alert rules (alerting/argus.alerts.yml): Prometheus's ALERTS series
     "ALERTS": ALERTS,
-    # the W1 scoring job (argus score, issue 12)
+    # the W1 scoring job (argus score)
     "argus_kernel_w1_score": SCORER,
     "argus_kernel_straggler": SCORER,
     "argus_verdict": SCORER,
