@@ -28,7 +28,8 @@ def register(commands) -> None:
     p.add_argument("--window", type=float, default=60.0, metavar="SECONDS",
                    help="kernel compression window (default 60)")
     p.add_argument("--peer-axis", default="pp", choices=["pp", "dp", "tp", "ep", ""],
-                   help="L3 compares ranks at the same position on this axis (default pp)")
+                   help="L3 compares ranks at the same position on this axis (default pp; "
+                        "'' compares every rank with every other)")
     p.set_defaults(run=run)
 
 
