@@ -52,7 +52,7 @@ def _int(env: dict, name: str, default: int, maximum: int = MAX_RANK) -> int:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
-    if not raw.strip().isdigit() or int(raw) > maximum:
+    if not raw.strip().isdecimal() or int(raw) > maximum:
         raise ConfigError(f"{name}={raw!r}: expected an integer from 0 to {maximum}")
     return int(raw)
 
@@ -70,7 +70,7 @@ def _coords(text: str, rank: int) -> dict[str, int]:
     coords = {axis: 0 for axis in AXES}
     for part in filter(None, (p.strip() for p in text.split(","))):
         axis, _, value = part.partition("=")
-        if axis not in AXES or not value.isdigit() or int(value) > MAX_RANK:
+        if axis not in AXES or not value.isdecimal() or int(value) > MAX_RANK:
             raise ConfigError(f"ARGUS_COORDS part {part!r}: expected AXIS=N with AXIS in "
                               f"{', '.join(AXES)} and N from 0 to {MAX_RANK}")
         coords[axis] = int(value)

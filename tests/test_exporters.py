@@ -109,6 +109,8 @@ def test_identity_from_torchrun_env():
 @pytest.mark.parametrize("env, message", [
     ({"RANK": "4", "WORLD_SIZE": "4"}, "outside WORLD_SIZE"),
     ({"RANK": "x"}, "RANK"),
+    ({"RANK": "\u00b2", "WORLD_SIZE": "4"}, "RANK"),  # a digit to str.isdigit, not to int()
+    ({"ARGUS_COORDS": "dp=\u00b2"}, "ARGUS_COORDS"),
     ({"ARGUS_COORDS": "dp=1,zz=2"}, "ARGUS_COORDS"),
     ({"ARGUS_COORDS": "dp=99999999999999999999"}, "ARGUS_COORDS"),
     ({"RANK": "99999999999999999999", "WORLD_SIZE": "999999999999999999999"}, "RANK"),

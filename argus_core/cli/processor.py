@@ -84,15 +84,16 @@ def register(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run the service until SIGTERM/SIGINT."""
+    from argus_core.cli.listen import host_port
     from argus_core.processor.service import serve
 
-    host, sep, port = args.listen.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65_535:
-        print(f"argus processor: error: --listen {args.listen!r}: expected HOST:PORT",
-              file=sys.stderr)
+    try:
+        host, port = host_port(args.listen)
+    except ValueError as exc:
+        print(f"argus processor: error: {exc}", file=sys.stderr)
         return 2
     config = ProcessorConfig(
-        host=host or "127.0.0.1", port=int(port), store=args.store, spool_dir=args.spool,
+        host=host, port=port, store=args.store, spool_dir=args.spool,
         max_spool_bytes=(args.spool_max_mb << 20 if args.spool_max_mb is not None
                          else ProcessorConfig.max_spool_bytes),
         token=os.environ.get(args.token_env) or None,

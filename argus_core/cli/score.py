@@ -39,13 +39,12 @@ def register(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run until SIGTERM/SIGINT."""
+    from argus_core.cli.listen import host_port
     from argus_core.score.service import ScoreConfig, serve
 
-    host, sep, port = args.listen.rpartition(":")
     index, slash, count = args.shard.partition("/")
     try:
-        if not sep or not port.isdigit() or int(port) > 65_535:
-            raise ValueError(f"--listen {args.listen!r}: expected HOST:PORT")
+        host, port = host_port(args.listen)
         for flag, seconds in (("--interval", args.interval), ("--timeout", args.timeout),
                               ("--window", args.window)):
             if not math.isfinite(seconds):  # NaN passes every range check
@@ -63,5 +62,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"argus score: error: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    serve(config, host or "127.0.0.1", int(port))
+    serve(config, host, port)
     return 0

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from argus_core.rules.config import PROMQL_AXES
+from argus_core.rules.config import PROMQL_AXES, RulesConfig
 from argus_core.schema import AXES
 from argus_core.score.snapshot import JobSnapshot, PhaseTable
 
@@ -122,7 +122,7 @@ def judge_phases(table: PhaseTable, config=None, stages: np.ndarray | None = Non
 
 
 def window_waits(times, matrix, coords: np.ndarray, minimum: np.ndarray,
-                 window_steps: int = 32) -> None:
+                 window_steps: int = RulesConfig.exporter_window_steps) -> None:
     """Waiting and transfer of the collectives in a one-"step" matrix of window medians, with
     the bound that members of a collective finish together taken from the window's shortest
     times (``minimum``, ranks x phases) instead of the medians.
