@@ -1,6 +1,7 @@
 """GPU check (H200): Argus's overhead on the paper's two workloads, all probes on vs all off.
 
     python bench/gpu_overhead.py [--rounds 6] [--steps 30] [--deadline-s 200] [--out PATH]
+                                 [--workloads launch_heavy,gemm_heavy] [--diagnose]
                                  [--json] [--dry-run]
 
 Wheels (bench/gpu_all.sh installs them from ``.whl/``): ``orjson`` cp312 manylinux x86_64
@@ -20,6 +21,9 @@ workload and mode, ``--rounds`` rounds of four segments in ABBA order (off, on, 
   probe started before the segment and stopped after it, outside the timing), the metrics
   endpoint, the file sink.
 - phases_only: the phase hooks alone (the paper's ~1%).
+
+With ``--diagnose``, modes that split the cost (``DIAGNOSE_MODES`` below) and the training
+thread's extra CPU time per step (``time.thread_time``: work it did, as opposed to waiting).
 
 A round's overhead is (on - off) / off over its two on and two off segments; the median over
 rounds is reported with its spread. Targets: <= 2% launch-heavy, <= 1% GEMM-heavy. Rounds stop
@@ -51,6 +55,13 @@ from _gpu_env import (
 
 ARGUS_FROM = ensure_argus_exporters()
 MODES = ("all_on", "phases_only")
+# --diagnose adds modes that split the phases' cost (each against the same ABBA "off"):
+#   hooks_noop      the same torch hooks calling a tracer that does nothing (torch's hook cost)
+#   phases_inline   the real tracer with its resolver thread parked: marks and bookkeeping on
+#                   the training thread only, no background Python competing for the GIL
+#   kernels_only    CUPTI kernel activity on, no hooks (the driver's per-launch cost)
+#   stacks_only     the py-spy stack probe alone (no hooks, no kernels)
+DIAGNOSE_MODES = ("hooks_noop", "phases_inline", "kernels_only", "stacks_only")
 TARGETS_PCT = {"launch_heavy": 2.0, "gemm_heavy": 1.0}
 
 
@@ -69,16 +80,36 @@ def build(torch, kind: str, device: str, tiny: bool):
     return model, optimizer, torch.randn(tokens, width, device=device, dtype=dtype)
 
 
+LAST_CPU = [0.0]  # the training thread's CPU seconds in the last run_steps
+
+
 def run_steps(torch, model, optimizer, x, steps: int, sync) -> float:
     """Seconds for ``steps`` training steps, synchronised at both ends only."""
     sync()
+    cpu0 = time.thread_time()
     t0 = time.perf_counter()
     for _ in range(steps):
         model(x).float().pow(2).mean().backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     sync()
+    LAST_CPU[0] = time.thread_time() - cpu0
     return time.perf_counter() - t0
+
+
+class _NoOpTracer:
+    """Enabled, but every call does nothing: what torch's hooks alone cost."""
+
+    enabled = True
+
+    def begin_phase(self, name, stream=None, span=False):
+        return None
+
+    def end_phase(self, token, stream=None):
+        return None
+
+    def step(self):
+        return None
 
 
 class _Steps:
@@ -88,7 +119,7 @@ class _Steps:
         self.probe = probe
 
     def on_step(self, step: int, wall_s: float) -> None:
-        self.probe.step_end(step)
+        self.probe.step_end(step, wall_s)
         self.probe.step_begin(step + 1)
 
     def shutdown(self, timeout: float) -> None:
@@ -128,7 +159,32 @@ class Bench:
 
         if mode == "off":
             return run_steps(self.torch, model, optimizer, x, steps, self.sync)
+        if mode == "hooks_noop":
+            handles = hooks.instrument(model, optimizer, _NoOpTracer())
+            seconds = run_steps(self.torch, model, optimizer, x, steps, self.sync)
+            for handle in handles:
+                handle.remove()
+            return seconds
+        if mode == "stacks_only":
+            stacks = StackProbe(self.settings, self.identity, self.tracer.emit,
+                                self.tracer.health)
+            started = stacks.start()
+            seconds = run_steps(self.torch, model, optimizer, x, steps, self.sync)
+            if started:
+                stacks.shutdown()
+            return seconds
+        if mode == "kernels_only":
+            if self.kernels_on:
+                self.kernels.step_begin(0)
+            seconds = run_steps(self.torch, model, optimizer, x, steps, self.sync)
+            self.kernels.pause()
+            self.kernels.drain()
+            self.tracer.force_flush()
+            return seconds
         handles = hooks.instrument(model, optimizer, self.tracer)
+        parked = mode == "phases_inline"
+        if parked:  # the resolver's polls do nothing until the segment ends
+            self.tracer.poll = lambda block=False: 0
         stacks = None
         if mode == "all_on":
             if self.kernels_on:
@@ -142,6 +198,8 @@ class Bench:
         seconds = run_steps(self.torch, model, optimizer, x, steps, self.sync)
         for handle in handles:
             handle.remove()
+        if parked:
+            del self.tracer.poll
         self.tracer.probes = []
         if stacks is not None:
             stacks.shutdown()
@@ -163,6 +221,7 @@ class Bench:
                 "probes": {k: list(v) for k, v in health.probes.items()},
                 "stack_probe_states": sorted(set(self.stack_states)),
                 "kernel_records": stats.records, "kernel_buffers": stats.buffers,
+                "kernel_duty": self.kernels.duty,
                 "kernel_clock_offset_ns": stats.clock_offset_ns}
 
 
@@ -171,18 +230,23 @@ def measure(bench: Bench, kind: str, args, device: str, budget: Deadline) -> dic
     torch = bench.torch
     model, optimizer, x = build(torch, kind, device, args.dry_run)
     run_steps(torch, model, optimizer, x, 3 if args.dry_run else 20, bench.sync)  # warm-up
-    rows: dict[str, list[float]] = {mode: [] for mode in MODES}
+    modes = MODES + (DIAGNOSE_MODES if args.diagnose else ())
+    rows: dict[str, list[float]] = {mode: [] for mode in modes}
+    cpu_rows: dict[str, list[float]] = {mode: [] for mode in modes}
     base_step, round_s = [], 0.0
     for _ in range(args.rounds):
-        if rows[MODES[0]] and budget.remaining() < 1.2 * round_s:
+        if rows[modes[0]] and budget.remaining() < 1.2 * round_s:
             break
         t0 = time.monotonic()
-        for mode in MODES:
+        for mode in modes:
             times = {"off": 0.0, "on": 0.0}
+            cpu = {"off": 0.0, "on": 0.0}
             for segment in ("off", "on", "on", "off"):
                 times[segment] += bench.segment("off" if segment == "off" else mode, model,
                                                 optimizer, x, args.steps)
+                cpu[segment] += LAST_CPU[0]
             rows[mode].append((times["on"] - times["off"]) / times["off"] * 100)
+            cpu_rows[mode].append((cpu["on"] - cpu["off"]) / (2 * args.steps) * 1e6)
             base_step.append(times["off"] / (2 * args.steps) * 1e3)
         round_s = time.monotonic() - t0
     del model, optimizer, x
@@ -190,6 +254,9 @@ def measure(bench: Bench, kind: str, args, device: str, budget: Deadline) -> dic
         torch.cuda.empty_cache()
     result = {"step_ms_off": float(np.median(base_step)), "rounds": len(rows[MODES[0]]),
               **{f"{mode}_overhead_pct": _spread(v) for mode, v in rows.items()}}
+    if args.diagnose:  # the training thread's extra CPU per step: work it did, not waiting
+        result["training_thread_extra_cpu_us_per_step"] = {
+            mode: _spread(v)["median"] for mode, v in cpu_rows.items()}
     target = TARGETS_PCT[kind]
     result["all_on_meets_target"] = result["all_on_overhead_pct"]["median"] <= target
     return result
@@ -209,6 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline-s", type=float, default=200.0)
     parser.add_argument("--out", default=default_out("gpu_overhead.json"))
     parser.add_argument("--json", action="store_true", help="(always JSON; kept for make)")
+    parser.add_argument("--diagnose", action="store_true",
+                        help="also the modes that split the cost (hooks_noop, phases_inline, "
+                             "kernels_only) and the training thread's extra CPU per step")
+    parser.add_argument("--workloads", default="launch_heavy,gemm_heavy",
+                        help="comma-separated: launch_heavy, gemm_heavy")
     parser.add_argument("--dry-run", action="store_true",
                         help="CPU, tiny models, 1 round of 2 steps: check the orchestration")
     args = parser.parse_args(argv)
@@ -233,7 +305,10 @@ def main(argv: list[str] | None = None) -> int:
                     "steps_per_segment": args.steps}
     spool = tempfile.mkdtemp(prefix="argus-gpu-")
     bench = Bench(torch, device, spool)
-    kinds = ("launch_heavy", "gemm_heavy")
+    kinds = tuple(k for k in args.workloads.split(",") if k)
+    unknown = set(kinds) - set(TARGETS_PCT)
+    if unknown or not kinds:
+        parser.error(f"--workloads: unknown {sorted(unknown)}; choose from {sorted(TARGETS_PCT)}")
     try:
         for i, kind in enumerate(kinds):
             share = deadline.remaining() / (len(kinds) - i)

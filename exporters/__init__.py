@@ -93,7 +93,7 @@ class _KernelSteps:
         self.probe = probe
 
     def on_step(self, step: int, wall_s: float) -> None:
-        self.probe.step_end(step)
+        self.probe.step_end(step, wall_s)
         self.probe.step_begin(step + 1)
 
     def shutdown(self, timeout: float) -> None:

@@ -21,7 +21,8 @@ _DEFAULT_HTTP_TIMEOUT_S = 2.0
 _DEFAULT_HTTP_RETRY_S = 30.0  # waits one batch may spend on a busy (429/503) receiver
 _DEFAULT_WINDOW_STEPS = 32  # rolling-window gauges cover the last N steps
 _DEFAULT_PENDING_STEPS = 256  # closed steps awaiting resolution (CUDA events in flight)
-_DEFAULT_KERNEL_DUTY = 1  # trace 1 step in N
+_DEFAULT_KERNEL_DUTY = 0  # trace 1 step in N; 0 = auto (kernels/duty.py)
+_DEFAULT_KERNEL_BUDGET = 0.01  # auto duty: CUPTI's estimated cost, share of step time
 _DEFAULT_KERNEL_BUFFER_BYTES = 8 << 20
 _DEFAULT_KERNEL_BUFFERS = 8
 _DEFAULT_KERNEL_FLUSH_S = 1.0
@@ -72,6 +73,14 @@ def _number(env: dict, name: str, default: float, kind: type = float, minimum: f
     return value
 
 
+def _duty(env: dict) -> int:
+    """ARGUS_KERNEL_DUTY: ``auto`` (0) or a whole number of steps >= 1."""
+    raw = (env.get("ARGUS_KERNEL_DUTY") or "").strip()
+    if raw.lower() in ("", "auto"):
+        return _DEFAULT_KERNEL_DUTY
+    return int(_number({"ARGUS_KERNEL_DUTY": raw}, "ARGUS_KERNEL_DUTY", 1, int, 1))
+
+
 def _choice(env: dict, name: str, default: str, choices: tuple[str, ...]) -> str:
     raw = env.get(name)
     if raw is None or raw == "":
@@ -103,6 +112,7 @@ class Settings:
     window_steps: int = _DEFAULT_WINDOW_STEPS
     pending_steps: int = _DEFAULT_PENDING_STEPS
     kernel_duty: int = _DEFAULT_KERNEL_DUTY
+    kernel_budget: float = _DEFAULT_KERNEL_BUDGET
     kernel_buffer_bytes: int = _DEFAULT_KERNEL_BUFFER_BYTES
     kernel_buffers: int = _DEFAULT_KERNEL_BUFFERS
     kernel_flush_s: float = _DEFAULT_KERNEL_FLUSH_S
@@ -138,7 +148,9 @@ class Settings:
             http_retry_s=_number(env, "ARGUS_HTTP_RETRY_S", _DEFAULT_HTTP_RETRY_S, float, 0),
             window_steps=int(_number(env, "ARGUS_WINDOW_STEPS", _DEFAULT_WINDOW_STEPS, int, 1)),
             pending_steps=int(_number(env, "ARGUS_PENDING_STEPS", _DEFAULT_PENDING_STEPS, int, 1)),
-            kernel_duty=int(_number(env, "ARGUS_KERNEL_DUTY", _DEFAULT_KERNEL_DUTY, int, 1)),
+            kernel_duty=_duty(env),
+            kernel_budget=_number(env, "ARGUS_KERNEL_BUDGET", _DEFAULT_KERNEL_BUDGET, float,
+                                  1e-4, 1.0),
             kernel_buffer_bytes=int(_number(env, "ARGUS_KERNEL_BUFFER_BYTES",
                                             _DEFAULT_KERNEL_BUFFER_BYTES, int, 4096)),
             kernel_buffers=int(_number(env, "ARGUS_KERNEL_BUFFERS", _DEFAULT_KERNEL_BUFFERS, int,

@@ -85,6 +85,10 @@ def test_metrics_port_binds_loopback_unless_told_otherwise(env, addr):
     ({"ARGUS_STACK_SPIKE_RATIO": "nan"}, "ARGUS_STACK_SPIKE_RATIO"),
     ({"ARGUS_QUEUE_RECORDS": "99999999999999999999"}, "ARGUS_QUEUE_RECORDS"),
     ({"ARGUS_WINDOW_STEPS": "99999999999999999999"}, "ARGUS_WINDOW_STEPS"),
+    ({"ARGUS_KERNEL_DUTY": "0"}, "ARGUS_KERNEL_DUTY"),
+    ({"ARGUS_KERNEL_DUTY": "sometimes"}, "ARGUS_KERNEL_DUTY"),
+    ({"ARGUS_KERNEL_BUDGET": "0"}, "ARGUS_KERNEL_BUDGET"),
+    ({"ARGUS_KERNEL_BUDGET": "5"}, "ARGUS_KERNEL_BUDGET"),
 ])
 def test_bad_settings_name_the_variable(env, name):
     """A bad ARGUS_* value is refused with the variable's name: not a number, not finite, or
@@ -92,6 +96,16 @@ def test_bad_settings_name_the_variable(env, name):
     no timer can wait) is refused at start, never inside training."""
     with pytest.raises(ConfigError, match=name):
         Settings.from_env(env)
+
+
+def test_kernel_duty_is_auto_unless_a_number_is_given():
+    """ARGUS_KERNEL_DUTY: unset or ``auto`` lets the probe choose within ARGUS_KERNEL_BUDGET;
+    a number fixes it."""
+    assert Settings.from_env({}).kernel_duty == 0
+    assert Settings.from_env({"ARGUS_KERNEL_DUTY": " Auto "}).kernel_duty == 0
+    assert Settings.from_env({"ARGUS_KERNEL_DUTY": "4"}).kernel_duty == 4
+    assert Settings.from_env({}).kernel_budget == 0.01
+    assert Settings.from_env({"ARGUS_KERNEL_BUDGET": "0.005"}).kernel_budget == 0.005
 
 
 def test_identity_from_torchrun_env():

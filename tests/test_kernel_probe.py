@@ -13,6 +13,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -249,6 +250,29 @@ def test_duty_cycle_traces_one_step_in_n(duty, traced, run, standin):
     probe.shutdown()
     assert kernels_in(out) == 5 * traced
     assert probe.stats.toggles == (1 if duty == 1 else 2 * traced)
+
+
+def test_auto_duty_traces_a_launch_bound_job_less_often(run, standin):
+    """Unset ARGUS_KERNEL_DUTY: 200 kernels in a 2 ms step would cost ~12% of every traced step,
+    so after its first estimate the probe traces 1 step in 16 (under the 1% budget) and says
+    so in its health line; the kernels of the traced steps are all there."""
+    probe, health, out = run.probe(kernel_buffer_bytes=1 << 16)
+    assert probe.duty == 1
+    launched = 0
+    for step in range(6 * 32):
+        probe.step_begin(step)
+        traced = probe._tracing
+        standin.launch(200, keep_gil=False)
+        launched += 200 if traced else 0
+        assert probe.drain()
+        probe.step_end(step, 0.002)
+    assert probe.duty == 16
+    line = re.search(r"1 step in 16 \(auto: ~(\d+) kernels a traced step cost ~([\d.]+)%",
+                     health.probes["kernels"][1])
+    assert line and 150 <= int(line[1]) <= 200, health.probes["kernels"]  # decoding lags
+    assert 8 < float(line[2]) <= 12
+    probe.shutdown()
+    assert kernels_in(out) == launched < 200 * 6 * 32 // 2
 
 
 # ---- time base ---------------------------------------------------------------------------------

@@ -58,6 +58,7 @@ from argus_exporters.kernels.decode import (
     decode_kernel_buffer,
     read_c_string,
 )
+from argus_exporters.kernels.duty import DutyCycle
 from argus_exporters.kernels.plumbing import (
     STOPPED,
     CallbackPlumbing,
@@ -101,7 +102,8 @@ class KernelProbeStats:
 
 
 class KernelProbe:
-    """GPU kernel executions from CUPTI, one traced step in ``settings.kernel_duty``.
+    """GPU kernel executions from CUPTI, one traced step in ``settings.kernel_duty`` (or as
+    many as ``settings.kernel_budget`` allows, when the duty is auto: ``kernels/duty.py``).
 
     ``start()`` never raises; every other method is a no-op unless ``start()`` returned True.
     ``backend`` (libcupti), ``plumbing`` (callbacks) and ``env`` are for tests and GPU checks.
@@ -118,7 +120,8 @@ class KernelProbe:
         self._backend = backend
         self._plumbing = plumbing
         self._env = os.environ if env is None else env
-        self._duty = max(1, int(settings.kernel_duty))
+        self._cycle = DutyCycle(int(settings.kernel_duty), float(settings.kernel_budget))
+        self._reason_parts = ("", "")
         self._dtype: np.dtype | None = None
         self._candidates: list[np.dtype] = []
         self._control = threading.Lock()  # the probe's CUPTI control calls; no callback needs it
@@ -195,9 +198,10 @@ class KernelProbe:
         self._decode_thread.start()
         self._control_thread.start()
         atexit.register(self._atexit)
-        self._base_reason = (f"{backend.describe()}; {plumbing.name}; 1 step in {self._duty}; "
-                             f"{settings.kernel_buffers} x {settings.kernel_buffer_bytes} B "
-                             "buffers")
+        self._reason_parts = (f"{backend.describe()}; {plumbing.name}",
+                              f"{settings.kernel_buffers} x {settings.kernel_buffer_bytes} B "
+                              "buffers")
+        self._base_reason = self._reason()
         self._check_clock()
         self._refresh_state()
         return True
@@ -255,13 +259,32 @@ class KernelProbe:
         if check is not None and check():
             self.yield_to_profiler("torch.profiler started recording: it owns CUPTI now")
             return
-        if not self._tracing and not self._backlog and step % self._duty == 0:
+        if not self._tracing and not self._backlog and self._cycle.traces(step):
             self._set_tracing(True)
 
-    def step_end(self, step: int) -> None:
-        """Disable CONCURRENT_KERNEL after a traced step (kept on when every step is traced)."""
-        if self._active and self._tracing and self._duty > 1:
+    def step_end(self, step: int, wall_s: float | None = None) -> None:
+        """Disable CONCURRENT_KERNEL after a traced step (kept on when every step is traced).
+
+        With the step's wall time, an auto duty re-estimates what tracing costs (every 32
+        steps) and may trace fewer or more steps from the next one on.
+        """
+        if not self._active:
+            return
+        launches = self.stats.records + self.stats.cupti_dropped  # dropped ones cost too
+        if wall_s is not None and self._cycle.observe(self._tracing, wall_s, launches):
+            self._base_reason = self._reason()
+            self._refresh_state()
+        if self._tracing and self._cycle.duty > 1:
             self._set_tracing(False)
+
+    @property
+    def duty(self) -> int:
+        """Trace one step in this many (now)."""
+        return self._cycle.duty
+
+    def _reason(self) -> str:
+        backend, buffers = self._reason_parts
+        return f"{backend}; {self._cycle.describe()}; {buffers}"
 
     def pause(self) -> None:
         """Stop collecting until the next traced ``step_begin`` (e.g. around an eval loop)."""
