@@ -34,6 +34,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/processor.py
 	$(BIN)/python bench/processor_soak.py
 	$(BIN)/python bench/decode.py
+	$(BIN)/python bench/parse.py
 	$(BIN)/python bench/rules_scale.py  # needs prometheus (make system-deps)
 
 clean:

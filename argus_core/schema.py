@@ -191,10 +191,13 @@ def _coords(rec: dict) -> tuple[int, int, int, int]:
     return tuple(out)  # type: ignore[return-value]
 
 
-def parse_record(rec: Any) -> Record:
+def parse_record(rec: Any, *, may_hold_bools: bool = True) -> Record:
     """Validate one decoded JSON value against schema v1 and return its typed form.
 
     Raises SchemaError naming the first offending field; nothing is partially accepted.
+    ``may_hold_bools=False`` is the caller's word that the JSON text had no ``true`` or
+    ``false`` token (a byte scan of the line): then kernel columns skip the per-value type
+    check, the largest cost of a kernel record after decoding.
     """
     if not isinstance(rec, dict):
         raise SchemaError("record", f"expected a JSON object, got {type(rec).__name__}")
@@ -209,7 +212,7 @@ def parse_record(rec: Any) -> Record:
     if kind == "step":
         return _parse_step(rec, job, rank)
     if kind == "kernels":
-        return _parse_kernels(rec, job, rank)
+        return _parse_kernels(rec, job, rank, may_hold_bools)
     if kind == "rank":
         world_size = _int(rec, "world_size", minimum=1, maximum=MAX_RANK + 1)
         if rank >= world_size:
@@ -243,33 +246,37 @@ def _parse_step(rec: dict, job: str, rank: int) -> StepRecord:
         _time_ns(rec, "gpu_t_ns", required=False))
 
 
-def _int_columns(rec: dict) -> np.ndarray | None:
+def _int_columns(rec: dict, may_hold_bools: bool = True) -> np.ndarray | None:
     """All four kernel columns as one (4 x n) int64 array when they are equal-length lists of
     plain non-negative ints: the normal case, converted in one call. Anything else returns None
-    and goes to the value-by-value path that names the problem."""
+    and goes to the value-by-value path that names the problem.
+
+    numpy's own type inference refuses floats (float64), strings (unicode) and integers beyond
+    int64 (object or float64); only a bool among ints would pass as 0 or 1, so the per-value
+    type check runs unless the caller saw no bool token in the text."""
     columns = [rec.get(f) for f in KERNEL_COLUMNS]
     if not all(isinstance(c, list) for c in columns):
         return None
-    if not set(map(type, itertools.chain(*columns))) <= {int}:  # no bool, float or str
+    if may_hold_bools and not set(map(type, itertools.chain(*columns))) <= {int}:
         return None
     try:
-        array = np.array(columns, dtype=np.int64)
+        array = np.array(columns)
     except (ValueError, OverflowError):  # ragged, or beyond int64
         return None
-    if array.ndim != 2 or (array.size and array.min() < 0):
+    if array.ndim != 2 or array.dtype != np.int64 or (array.size and array.min() < 0):
         return None
     if array.size and (array[2].max() > MAX_TIMESTAMP_NS or array[3].max() > MAX_DURATION_NS):
         return None
     return array
 
 
-def _parse_kernels(rec: dict, job: str, rank: int) -> KernelBatch:
+def _parse_kernels(rec: dict, job: str, rank: int, may_hold_bools: bool = True) -> KernelBatch:
     names = rec.get("names")
     if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
         raise SchemaError("names", "expected an array of non-empty kernel name strings")
     if names and max(map(len, names)) > MAX_KERNEL_NAME:
         raise SchemaError("names", f"a kernel name is longer than {MAX_KERNEL_NAME} characters")
-    fast = _int_columns(rec)
+    fast = _int_columns(rec, may_hold_bools)
     if fast is not None:
         name, stream, start, dur = fast
         if len(name) and name.max() < len(names):

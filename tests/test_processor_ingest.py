@@ -147,6 +147,34 @@ def test_fuzzed_kernel_columns_are_rejected_or_exact(values):
             result.errors[0]
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(["name", "stream", "start_ns", "dur_ns"]),
+       st.lists(st.one_of(st.integers(-5, 2**64), st.floats(allow_nan=False, allow_infinity=False), st.booleans(),
+                          st.text(max_size=3)), min_size=1, max_size=6),
+       st.sampled_from(["gemm", "true_kernel", "falsey"]), st.booleans())
+def test_the_body_path_judges_kernel_columns_as_strictly_as_the_schema(column, values, name,
+                                                                       as_array):
+    """The processor skips the per-value type check when a line has no ``true``/``false``
+    token: a bool (never accepted as 0 or 1), float, string or out-of-range value in any column
+    is still refused naming it, exactly as ``parse_record`` refuses it, and a valid record
+    whose kernel name merely contains the word is kept exactly."""
+    rec = kernels(n=len(values))
+    rec["names"] = [name, "nccl"]
+    rec[column] = values
+    text = json.dumps([rec] if as_array else rec)  # stdlib json: writes huge ints
+    result = parse_body(text.encode() + b"\n")
+    try:
+        strict = parse_record(json.loads(text)[0] if as_array else json.loads(text))
+    except Exception as exc:  # SchemaError: the body path names the same field
+        assert not result.records and exc.field in result.errors[0], (result.errors, exc)
+        return
+    assert len(result.records) == 1
+    got = result.records[0]
+    for field in ("name", "stream", "start_ns", "dur_ns"):
+        assert getattr(got, field).tolist() == getattr(strict, field).tolist()
+        assert getattr(got, field).dtype == getattr(strict, field).dtype
+
+
 def test_kernel_batch_split_across_windows():
     """A batch straddling a window edge is split by kernel start time."""
     store = WindowStore(60, 10)
