@@ -6,6 +6,7 @@ import contextlib
 import gzip
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,8 @@ import pytest
 from argus_core import __version__
 from argus_core.cli import main
 from argus_core.simulate import CASES, simulate, write_records
+from argus_core.stack.processes import Process, _start_time
+from argus_core.stack.stack import Stack
 
 STEPS = 20  # compute-straggler's fault starts at step 15: 20 steps keep every finding
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -556,3 +559,24 @@ def test_traces_open_refuses_an_expiry_s3_would_not_honour(tmp_path, expires, ca
     code, out, err = run(capsys, "traces", "open", "--store", f"file://{tmp_path}",
                          "--job", "j", "--rank", "1", "--expires", expires, "--at", "5m", "ago")
     assert code == 2 and "--expires" in err and not out
+
+
+def test_stack_status_marks_what_is_not_running(tmp_path, capsys):
+    """`argus stack status` on a stack whose processor died: its URL is flagged, the exit
+    code is 1 and stderr names it; --json keeps the five-URL contract."""
+    me = os.getpid()
+    urls = {n: f"http://127.0.0.1:{9000 + i}" for i, n in
+            enumerate(("prometheus", "alertmanager", "processor", "scorer", "s3"))}
+    processes = [Process(n, me, _start_time(me), ["x"], str(tmp_path / f"{n}.log"), urls[n])
+                 for n in urls if n != "processor"]
+    processes.append(Process("processor", me, -1, ["x"], str(tmp_path / "p.log"),
+                             urls["processor"]))  # -1: not this pid's start time, so dead
+    Stack(tmp_path, urls, processes, {}).save()
+    assert main(["stack", "status", "--workdir", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    lines = {line.split()[0]: line for line in out.splitlines()}
+    assert lines["processor"].endswith("(not running)")
+    assert not lines["scorer"].endswith("(not running)")
+    assert "not running: processor" in err
+    assert main(["stack", "status", "--workdir", str(tmp_path), "--json"]) == 1
+    assert json.loads(capsys.readouterr().out) == urls

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(stack.endpoints))
             else:
-                _print(stack)
+                _print(stack, set(dead))
             if dead:
                 print(f"argus stack: not running: {', '.join(dead)}", file=sys.stderr)
                 return 1
@@ -72,10 +72,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
-def _print(stack) -> None:
+def _print(stack, dead: set[str] = frozenset()) -> None:
+    """Each endpoint (a component that is not running says so next to its URL), each live
+    job's state and log, and the logs folder."""
     width = max(len(k) for k in stack.urls)
     for name, url in stack.urls.items():
-        print(f"{name:>{width}}  {url}")
+        print(f"{name:>{width}}  {url}{'  (not running)' if name in dead else ''}")
     for process in stack.processes:
         if process.name.startswith("live-"):
             state = "running" if process.running else "stopped"
