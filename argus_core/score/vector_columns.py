@@ -20,7 +20,6 @@ and the caller falls back to ``columns_from_result`` on the plain JSON, which co
 from __future__ import annotations
 
 import itertools
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -109,7 +108,8 @@ def decode_vector(data: bytes, ints: tuple[str, ...] = (),
     colon = np.flatnonzero(a[len(HEADER):] == _COLON) + len(HEADER)
     colon = colon[colon < len(a) - 1]
     before, after = a[colon - 1], a[colon + 1]
-    quoted = before == _QUOTE
+    # A key's closing quote, not an escaped quote inside a value (keys are names: [a-zA-Z_0-9]).
+    quoted = (before == _QUOTE) & (a[colon - 2] != ord("\\"))
     metric = colon[quoted & (after == _LBRACE)]
     label = colon[quoted & (after == _QUOTE)]
     value = colon[quoted & (after == _LBRACKET)]
@@ -237,10 +237,16 @@ def _samples(data: bytes, a: np.ndarray, value: np.ndarray,
     close[-1] = len(a) - len(END) - 3
     if not _at(a, close, b'"]}') or not _at(a, close[:-1] + 3, b","):
         return None
-    # The sample's opening quote: the first quote after the timestamp (which has none).
+    # The sample's opening quote: the first quote after the timestamp (which has none). An
+    # instant query's samples share one timestamp, so it is where the first series has it.
     start = value + 2
-    opening = np.full(n, -1, dtype=np.int64)
-    todo = np.arange(n)
+    stamp = data.find(b'"', int(start[0]), int(start[0]) + _VALUE_WINDOW) - int(start[0])
+    opening = start + stamp
+    if stamp > 1 and _at(a, opening - 1, b',"'):
+        todo = np.zeros(0, dtype=np.int64)
+    else:
+        opening = np.full(n, -1, dtype=np.int64)
+        todo = np.arange(n)
     for offset in range(1, _VALUE_WINDOW):
         at = start[todo] + offset
         found = a[np.minimum(at, len(a) - 1)] == _QUOTE
@@ -253,11 +259,10 @@ def _samples(data: bytes, a: np.ndarray, value: np.ndarray,
     stamp = opening - 1 - start
     if stamp.min() < 1 or not ((a[start] >= ord("0")) & (a[start] <= ord("9"))).all():
         return None  # a timestamp: its digits, a point and its decimals
-    text = b" ".join(_slices(data, opening + 1, close))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # text it cannot read: too few
-        numbers = np.fromstring(text.decode("ascii", errors="replace"), sep=" ")
-    return numbers if len(numbers) == n else None
+    try:  # as float() reads the text JSON gives (NaN, +Inf, -Inf): the same numbers
+        return np.fromiter(map(float, _slices(data, opening + 1, close)), np.float64, n)
+    except ValueError:
+        return None
 
 
 def _slices(data: bytes, start: np.ndarray, end: np.ndarray) -> list[bytes]:
