@@ -2,6 +2,7 @@
 scorer's round at 10,000 ranks x 100 kernels.
 
     python bench/rules_scale.py [--ranks 10000] [--minutes 5] [--kernels 100] [--json]
+    python bench/rules_scale.py --scorer-only [--json]   # the scorer's parse and compute only
 
 Rules. A synthetic exporter serves, for every rank, the series the exporters expose (the
 names, labels and kinds are taken from ``StepMetrics`` itself for one rank, then repeated
@@ -18,8 +19,11 @@ over the 80,000 phase-median series through the HTTP API (the issue's calibratio
 
 Scorer. (a) compute: the Prometheus API answers for 10,000 ranks x ``--kernels`` kernels x 2
 clusters (synthetic summaries, one rank 2x slow) are rendered as Prometheus renders them;
-``scorer_parse_seconds`` is decoding them, ``scorer_compute_seconds`` the rebuild of the
-summary table plus the core's scoring (L3, and L2 on the ranks' phase table) and verdicts.
+``scorer_parse_seconds`` is decoding them into label columns as the scorer does
+(``PrometheusAPI.query_columns``; ``scorer_decode_fallbacks`` counts answers it had to read as
+plain JSON), ``scorer_compute_seconds`` the rebuild of the summary table from the columns plus
+the core's scoring (L3, and L2 on the ranks' phase table) and verdicts. The user waits for
+both (and the query): report their sum.
 (b) query: the same Prometheus also scrapes kernel summaries for 10,000 ranks x
 ``--query-kernels`` kernels (as the processor exposes them); ``scorer_query_seconds`` is the
 scorer's real fetch of one job through the HTTP API and ``scorer_fetched_series`` what it
