@@ -288,8 +288,11 @@ def scorer_compute(ranks: int, kernels: int) -> dict:
     stage = coords[:, AXES.index("pp")]
     names: dict[str, int] = {}
     parts, parse_s, rebuild_s, series, fallbacks = [], 0.0, 0.0, 0, 0
+    started, render_s = time.perf_counter(), 0.0
     for position in range(topology.pp):
+        t0 = time.perf_counter()
         answers = api_answers(summary.take(stage[summary.rank] == position))
+        render_s += time.perf_counter() - t0
         with no_gc():  # as the scorer decodes (score/snapshot.py)
             t0 = time.perf_counter()
             (executions, e_json), (durations, d_json) = (
@@ -310,9 +313,11 @@ def scorer_compute(ranks: int, kernels: int) -> dict:
                            dict.fromkeys(range(ranks), 1 / STEP_S))
     judgement = judge(snapshot, peer_axis="pp")
     judge_s = time.perf_counter() - t0
+    round_s = time.perf_counter() - started - render_s  # decode, rebuild, freeing, judge
     flagged = set(judgement.kernels.rank[judgement.kernels.straggler].tolist())
     return {"scorer_compute_seconds": rebuild_s + judge_s, "scorer_rebuild_seconds": rebuild_s,
             "scorer_judge_seconds": judge_s, "scorer_parse_seconds": parse_s,
+            "scorer_round_seconds": round_s,
             "scorer_series": series, "scorer_decode_fallbacks": fallbacks,
             "scorer_slow_rank_found": flagged == {SLOW_RANK},
             "scorer_l2_tests": judgement.l2_tests,  # the L2 ran on every rank and phase
