@@ -332,3 +332,16 @@ def test_series_with_their_own_timestamps():
     fast, fell_back, slow = both_ways(data, answer(durations))
     assert fell_back == (False, False)
     assert_same(fast, slow)
+
+
+def test_one_text_written_two_ways_is_one_value():
+    """JSON may escape any character ("k" as "\\u006b"): values are compared decoded."""
+    rng = np.random.default_rng(2)
+    executions, durations = summary_series(rng, 5, ["k1", "k2"])
+    e_data, d_data = answer(executions), answer(durations)
+    e_data = e_data.replace(b'"kernel":"k1"', b'"kernel":"\\u006b1"', 3)
+    d_data = d_data.replace(b'"quantile":"0.5"', b'"quantile":"0\\u002e5"', 2)
+    fast, fell_back, slow = both_ways(e_data, d_data)
+    assert fell_back == (False, False)
+    assert_same(fast, slow)
+    assert fast.names == ["k1", "k2"]

@@ -33,6 +33,7 @@ import orjson
 HEADER = b'{"status":"success","data":{"resultType":"vector","result":['
 END = b"]}}"
 _QUOTE, _COLON, _COMMA, _LBRACE, _LBRACKET = b'":,{['
+_MASKS = np.array([(1 << 8 * i) - 1 for i in range(9)], dtype=np.uint64)  # low i bytes
 _VALUE_WINDOW = 40  # bytes in which a timestamp, its comma and the sample's quote must fit
 
 
@@ -303,9 +304,7 @@ def _texts(data: bytes, a: np.ndarray, start: np.ndarray, end: np.ndarray) -> Te
     length = end - start
     if len(length) and length.max() <= 8 and start.max() + 8 <= len(a):
         # Short values (quantiles): each one 8-byte word, grouped by numpy.
-        key = _words(a)[start] & ((np.uint64(1) << (8 * length).astype(np.uint64))
-                                  - np.uint64(1))
-        key[length == 8] = _words(a)[start[length == 8]]
+        key = _words(a)[start] & _MASKS[length]
         _, seen, codes = np.unique(key, return_index=True, return_inverse=True)
         order = np.argsort(seen)
         codes = np.argsort(order)[codes.reshape(-1)]
@@ -324,4 +323,9 @@ def _texts(data: bytes, a: np.ndarray, start: np.ndarray, end: np.ndarray) -> Te
             values.append(orjson.loads(b'"' + r + b'"') if b"\\" in r else r.decode("utf-8"))
         except (orjson.JSONDecodeError, UnicodeDecodeError):
             return None
-    return Text(codes.reshape(-1).astype(np.int64), values)
+    codes = codes.reshape(-1).astype(np.int64)
+    if len(set(values)) < len(values):  # one text written two ways ("k" and "\u006b")
+        index: dict[str, int] = {}
+        merged = np.array([index.setdefault(v, len(index)) for v in values], dtype=np.int64)
+        codes, values = merged[codes], list(index)
+    return Text(codes, values)
