@@ -188,7 +188,8 @@ def _at(a: np.ndarray, positions: np.ndarray, text: bytes) -> bool:
         return True
     if positions.min() < 0 or positions.max() + len(text) > len(a):
         return False
-    if positions.max() + max(len(text), 8) > len(a):  # at the very end: byte by byte
+    words_end = -(-len(text) // 8) * 8  # the last word read may pass the text's end
+    if len(text) <= 2 or positions.max() + words_end > len(a):  # byte by byte
         return all(bool((a[positions + i] == byte).all()) for i, byte in enumerate(text))
     words = _words(a)
     for first in range(0, len(text), 8):
@@ -205,19 +206,20 @@ def _layout_ok(a: np.ndarray, metric: np.ndarray, labels: np.ndarray, value: np.
                names: list[str]) -> bool:
     """Every series is ``{"metric":{"k1":"v1",...},"value":[`` with the first series' names,
     and the series follow each other in order."""
+    # The colons' own neighbours (a quote before, '{', '"' or '[' after) are known already.
     k = labels.shape[1]
-    if metric[0] != len(HEADER) + 9 or not _at(a, metric - 9, b'{"metric":{'):
+    if metric[0] != len(HEADER) + 9 or not _at(a, metric - 9, b'{"metric'):
         return False
-    if not _at(a, value - 10, b'"},"value":['):
+    if not (_at(a, value - 9, b'},"value') and _at(a, value - 10, b'"')):
         return False
     if not (metric < value).all() or not (value[:-1] < metric[1:]).all():
         return False
     if k and not ((metric < labels[:, 0]).all() and (labels[:, -1] < value).all()):
         return False
     for j, name in enumerate(names):
-        key = f'"{name}"'.encode()
+        key = f'"{name}'.encode()
         opening = b"{" if j == 0 else b'",'  # after the previous value's closing quote
-        if not _at(a, labels[:, j] - len(key) - len(opening), opening + key):
+        if not _at(a, labels[:, j] - 1 - len(key) - len(opening), opening + key):
             return False
     return not k or bool((labels[:, 0] - len(names[0]) - 3 == metric + 1).all())
 
