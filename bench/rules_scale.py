@@ -2,6 +2,7 @@
 scorer's round at 10,000 ranks x 100 kernels.
 
     python bench/rules_scale.py [--ranks 10000] [--minutes 5] [--kernels 100] [--json]
+    python bench/rules_scale.py --scorer-only [--json]   # the scorer's parse and compute only
 
 Rules. A synthetic exporter serves, for every rank, the series the exporters expose (the
 names, labels and kinds are taken from ``StepMetrics`` itself for one rank, then repeated
@@ -18,8 +19,11 @@ over the 80,000 phase-median series through the HTTP API (the issue's calibratio
 
 Scorer. (a) compute: the Prometheus API answers for 10,000 ranks x ``--kernels`` kernels x 2
 clusters (synthetic summaries, one rank 2x slow) are rendered as Prometheus renders them;
-``scorer_parse_seconds`` is decoding them, ``scorer_compute_seconds`` the rebuild of the
-summary table plus the core's scoring (L3, and L2 on the ranks' phase table) and verdicts.
+``scorer_parse_seconds`` is decoding them into label columns as the scorer does
+(``PrometheusAPI.query_columns``; ``scorer_decode_fallbacks`` counts answers it had to read as
+plain JSON), ``scorer_compute_seconds`` the rebuild of the summary table from the columns plus
+the core's scoring (L3, and L2 on the ranks' phase table) and verdicts. The user waits for
+both (and the query): report their sum.
 (b) query: the same Prometheus also scrapes kernel summaries for 10,000 ranks x
 ``--query-kernels`` kernels (as the processor exposes them); ``scorer_query_seconds`` is the
 scorer's real fetch of one job through the HTTP API and ``scorer_fetched_series`` what it
@@ -251,18 +255,19 @@ def api_answers(summary) -> tuple[bytes, bytes]:
                       summary.cluster.tolist(), summary.count.tolist(),
                       summary.p50_ns.tolist(), summary.p99_ns.tolist(), strict=True),
                   key=lambda r: (str(r[3]), summary.names[r[1]], str(r[0]), str(r[2])))
-    # Prometheus's order: by label values, labels by name (cluster, instance, job, kernel,
-    # [quantile,] rank, stream); the quantiles form two runs.
+    # Prometheus's order: labels by name, series by their label values in that order
+    # (cluster, instance, job, kernel, [quantile,] rank, stream).
     for rank, kernel, stream, cluster, count, p50, p99 in rows:
-        labels = (f'"job":"bench","rank":"{rank}","kernel":{names[kernel]},'
-                  f'"stream":"{stream}","cluster":"{cluster}","instance":"node:9700"')
-        executions.append(f'{{"metric":{{"__name__":"argus_kernel_executions",{labels}}},'
+        head = (f'"cluster":"{cluster}","instance":"node:9700","job":"bench",'
+                f'"kernel":{names[kernel]}')
+        tail = f'"rank":"{rank}","stream":"{stream}"'
+        executions.append(f'{{"metric":{{"__name__":"argus_kernel_executions",{head},{tail}}},'
                           f'"value":[{ts},"{count}"]}}')
         for q, v in (("0.5", p50), ("0.99", p99)):
-            durations.append((q, f'{{"metric":{{"__name__":"argus_kernel_duration_seconds",'
-                                 f'{labels},"quantile":"{q}"}},"value":[{ts},"{v * 1e-9!r}"]}}'))
-    durations = [text for q, text in durations if q == "0.5"] + \
-        [text for q, text in durations if q == "0.99"]
+            durations.append(((str(cluster), summary.names[kernel], q, str(rank), str(stream)),
+                              f'{{"metric":{{"__name__":"argus_kernel_duration_seconds",{head},'
+                              f'"quantile":"{q}",{tail}}},"value":[{ts},"{v * 1e-9!r}"]}}'))
+    durations = [text for _, text in sorted(durations)]
 
     def answer(rows: list[str]) -> bytes:
         return ('{"status":"success","data":{"resultType":"vector","result":['
@@ -274,26 +279,33 @@ def api_answers(summary) -> tuple[bytes, bytes]:
 def scorer_compute(ranks: int, kernels: int) -> dict:
     """Parse and compute time of one scorer round at ``ranks`` x ``kernels``, fetched (as the
     scorer fetches) one peer set (pipeline stage) at a time."""
-    from argus_core.score.snapshot import concat, no_gc
+    from argus_core.score.prometheus import read_columns
+    from argus_core.score.snapshot import SUMMARY_INTS, SUMMARY_TEXTS, concat, no_gc
 
     summary = synthetic_summaries(ranks, kernels, slow={SLOW_RANK: 2.0})
     topology = topology_for(ranks)
     coords = topology.coords()
     stage = coords[:, AXES.index("pp")]
     names: dict[str, int] = {}
-    parts, parse_s, rebuild_s, series = [], 0.0, 0.0, 0
+    parts, parse_s, rebuild_s, series, fallbacks = [], 0.0, 0.0, 0, 0
+    started, render_s = time.perf_counter(), 0.0
     for position in range(topology.pp):
+        t0 = time.perf_counter()
         answers = api_answers(summary.take(stage[summary.rank] == position))
+        render_s += time.perf_counter() - t0
         with no_gc():  # as the scorer decodes (score/snapshot.py)
             t0 = time.perf_counter()
-            executions, durations = (orjson.loads(a)["data"]["result"] for a in answers)
+            (executions, e_json), (durations, d_json) = (
+                read_columns("bench", answers[0], SUMMARY_INTS, ("kernel",)),
+                read_columns("bench", answers[1], SUMMARY_INTS, SUMMARY_TEXTS))
             parse_s += time.perf_counter() - t0
-            del answers
-            series += len(executions) + len(durations)
-            t0 = time.perf_counter()
-            parts.append(kernel_summary(executions, durations, 60_000_000_000, names))
-            rebuild_s += time.perf_counter() - t0
-            del executions, durations
+        del answers
+        fallbacks += e_json + d_json
+        series += len(executions) + len(durations)
+        t0 = time.perf_counter()
+        parts.append(kernel_summary(executions, durations, 60_000_000_000, names))
+        del executions, durations
+        rebuild_s += time.perf_counter() - t0
     phases = phase_snapshot(ranks, coords)
     t0 = time.perf_counter()
     table = concat(parts, names, 60_000_000_000)
@@ -301,10 +313,13 @@ def scorer_compute(ranks: int, kernels: int) -> dict:
                            dict.fromkeys(range(ranks), 1 / STEP_S))
     judgement = judge(snapshot, peer_axis="pp")
     judge_s = time.perf_counter() - t0
+    round_s = time.perf_counter() - started - render_s  # decode, rebuild, freeing, judge
     flagged = set(judgement.kernels.rank[judgement.kernels.straggler].tolist())
     return {"scorer_compute_seconds": rebuild_s + judge_s, "scorer_rebuild_seconds": rebuild_s,
             "scorer_judge_seconds": judge_s, "scorer_parse_seconds": parse_s,
-            "scorer_series": series, "scorer_slow_rank_found": flagged == {SLOW_RANK},
+            "scorer_round_seconds": round_s,
+            "scorer_series": series, "scorer_decode_fallbacks": fallbacks,
+            "scorer_slow_rank_found": flagged == {SLOW_RANK},
             "scorer_l2_tests": judgement.l2_tests,  # the L2 ran on every rank and phase
             "scorer_l2_findings": sorted({f"{f.rank}:{f.phase}:{f.axis}"
                                           for f in judgement.phases})}
@@ -329,16 +344,21 @@ def main() -> None:
     parser.add_argument("--kernels", type=int, default=100,
                         help="kernels per rank for the scorer's compute (0: skip it)")
     parser.add_argument("--query-kernels", type=int, default=4)
+    parser.add_argument("--scorer-only", action="store_true",
+                        help="only the scorer's parse and compute (no Prometheus)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop Prometheus on the way out
-    if shutil.which("prometheus") is None:
+    if shutil.which("prometheus") is None and not args.scorer_only:
         sys.exit("prometheus is not installed (apt-get install prometheus)")
 
     result: dict = {"ranks": args.ranks, "phases": len(PHASES)}
     if args.kernels:
         result.update(scorer_compute(args.ranks, args.kernels))
         result["kernels"] = args.kernels
+    if args.scorer_only:
+        report(result, args.json)
+        return
 
     rules = RulesConfig()
     cluster = SyntheticCluster(args.ranks, args.targets,

@@ -116,6 +116,7 @@ def test_a_round_scores_the_slow_rank_and_says_why(prometheus):
     assert time.time() - health["argus_scorer_last_success_timestamp_seconds"] < 60
     assert health["argus_scorer_series_fetched"] >= 2 * RANKS * 4 * 2 * 3
     assert health["argus_scorer_jobs"] == 2
+    assert health["argus_scorer_decode_fallbacks_total"] == 0  # Prometheus's own layout
 
 
 def test_shards_split_the_jobs_between_scorers(prometheus):
@@ -219,7 +220,14 @@ def test_summaries_join_in_any_order(prometheus):
     """Prometheus returns series sorted by labels and the scorer aligns the three queries by
     position; shuffled answers (another store, a proxy) take the join by labels instead and
     give the same table."""
-    from argus_core.score.snapshot import kernel_summary
+    from argus_core.score.snapshot import SUMMARY_INTS, SUMMARY_TEXTS
+    from argus_core.score.snapshot import kernel_summary as from_columns
+    from argus_core.score.vector_columns import columns_from_result
+
+    def kernel_summary(executions, durations, window_ns):
+        return from_columns(columns_from_result(executions, SUMMARY_INTS, ("kernel",)),
+                            columns_from_result(durations, SUMMARY_INTS, SUMMARY_TEXTS),
+                            window_ns)
 
     executions = prometheus.query('argus_kernel_executions{job="llm-a"}')
     durations = prometheus.query('argus_kernel_duration_seconds{job="llm-a"}')
@@ -243,6 +251,26 @@ def test_summaries_join_in_any_order(prometheus):
     assert rows(sorted_table) == rows(shuffled)
     missing = kernel_summary(executions[1:], durations, 60_000_000_000)
     assert len(missing) == len(sorted_table) - 1  # no count, no row: nothing guessed
+
+
+def test_real_prometheus_answers_are_read_as_columns(prometheus):
+    """Prometheus's own answers (Debian's 2.42) have the layout the columnar reader expects:
+    no fallback to JSON, and the same columns as JSON gives."""
+    from argus_core.score.snapshot import SUMMARY_INTS, SUMMARY_TEXTS
+    from argus_core.score.vector_columns import columns_from_result
+
+    api = PrometheusAPI(prometheus.url)
+    for expr, texts in (('argus_kernel_executions{job="llm-a"}', ("kernel",)),
+                        ('argus_kernel_duration_seconds{job="llm-a"}', SUMMARY_TEXTS)):
+        columns = api.query_columns(expr, SUMMARY_INTS, texts)
+        reference = columns_from_result(prometheus.query(expr), SUMMARY_INTS, texts)
+        assert len(columns) == len(reference) > 0
+        assert np.array_equal(columns.values, reference.values)
+        for name in SUMMARY_INTS:
+            assert np.array_equal(columns.ints[name], reference.ints[name])
+        for name in texts:
+            assert columns.texts[name].strings() == reference.texts[name].strings()
+    assert api.decode_fallbacks == 0
 
 
 def medians_table(trace) -> PhaseTable:

@@ -14,7 +14,8 @@ Nothing stale, nothing guessed: a job whose queries fail this round is published
 (its old results are dropped), a rank without summaries gets no score and is counted in
 ``argus_scorer_unscored_ranks``, and a failed round leaves only the scorer's own health:
 ``argus_scorer_last_success_timestamp_seconds`` (what ArgusScorerStale watches), round
-duration, failed queries, series fetched. Failed rounds back off (interval x 2, x 4, capped).
+duration, failed queries, series fetched, answers read as plain JSON (not in Prometheus's
+usual layout). Failed rounds back off (interval x 2, x 4, capped).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class Published:
     query_failures: int = 0
     series_fetched: int = 0
     jobs_failed: int = 0
+    decode_fallbacks: int = 0
 
 
 class Scorer:
@@ -115,7 +117,8 @@ class Scorer:
             round_seconds=time.monotonic() - started,
             rounds_ok=previous.rounds_ok + ok, rounds_failed=previous.rounds_failed + (not ok),
             query_failures=previous.query_failures + self.api.failures - failures_before,
-            series_fetched=self.api.series_fetched, jobs_failed=jobs_failed)
+            series_fetched=self.api.series_fetched, jobs_failed=jobs_failed,
+            decode_fallbacks=self.api.decode_fallbacks)
         return ok
 
     def run_forever(self) -> None:
@@ -209,6 +212,11 @@ class Scorer:
                                        "Failed query attempts (each retry counts).")
         failures.add_metric([], state.query_failures)
         yield failures
+        fallbacks = CounterMetricFamily(
+            "argus_scorer_decode_fallbacks", "Answers not in Prometheus's usual layout, read "
+            "as plain JSON (slower; same result).")
+        fallbacks.add_metric([], state.decode_fallbacks)
+        yield fallbacks
         shard = GaugeMetricFamily("argus_scorer_shard_info", "This scorer's shard (value 1).",
                                   labels=["shard", "shards"])
         shard.add_metric([str(self.config.shard), str(self.config.shards)], 1.0)

@@ -13,7 +13,8 @@
   in which the rank waited for nobody, its transfer time alone.
 - Each rank's steps per second, to turn a window's kernel time into time per step.
 
-Label columns are pulled out of the JSON answer once per query and joined with numpy.
+The kernel summaries (millions of series) are decoded straight into columns
+(``PrometheusAPI.query_columns``) and joined with numpy; the small queries read JSON.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ from __future__ import annotations
 import contextlib
 import gc
 from dataclasses import dataclass, field
-from itertools import compress
 from operator import itemgetter, methodcaller
 
 import numpy as np
 
 from argus_core.schema import AXES
 from argus_core.score.prometheus import PrometheusAPI, quote_label
+from argus_core.score.vector_columns import VectorColumns
+from argus_core.stats.grouping import dense_ids
 from argus_core.summaries import KernelSummary
 
 
@@ -87,48 +89,47 @@ def _ints(texts: list[str]) -> np.ndarray:
     return np.fromiter(map(int, texts), np.int64, len(texts))
 
 
-_CLUSTER_KEY = itemgetter("rank", "kernel", "stream", "cluster")
+SUMMARY_INTS = ("rank", "stream", "cluster")  # the labels kernel_summary reads
+SUMMARY_TEXTS = ("kernel", "quantile")
 
 
-def kernel_summary(executions: list[dict], durations: list[dict], window_ns: int,
+def kernel_summary(executions: VectorColumns, durations: VectorColumns, window_ns: int,
                    names: dict[str, int] | None = None) -> KernelSummary:
     """Join executions, p50 and p99 per (rank, kernel, stream, cluster) into a summary table.
 
     A cluster missing any of the three (scraped mid-update, or dropped by a relabel) is left
     out rather than guessed. ``names`` (kernel name -> id) is shared by the parts of one job.
-    At 10,000 ranks x 100 kernels this is 6 M series, so no Python loop runs per series:
-    Prometheus returns a selector's series sorted by their labels, which puts executions,
-    p50s and p99s in the same cluster order; that is checked (one list comparison) and the
-    columns are then aligned by position. Any other order falls back to a join by label tuple.
+    At 10,000 ranks x 100 kernels this is 6 M series, all in columns (``VectorColumns``, the
+    ``SUMMARY_INTS`` and ``SUMMARY_TEXTS`` labels): Prometheus returns a selector's series
+    sorted by their labels, which puts executions, p50s and p99s in the same cluster order;
+    that is checked and the columns are then aligned by position. Any other order falls back
+    to a join by key; rows come in order of first appearance either way.
     """
     names = {} if names is None else names
-    e_metrics = list(map(itemgetter("metric"), executions))
-    d_metrics = list(map(itemgetter("metric"), durations))
-    keys = list(map(_CLUSTER_KEY, e_metrics))
-    d_keys = list(map(_CLUSTER_KEY, d_metrics))
-    _, counts = label_columns(executions, ())
-    (quantile,), seconds = label_columns(durations, ("quantile",))
-    q = np.array(quantile)
-    is50, is99 = q == "0.5", q == "0.99"
-    p50_keys = list(compress(d_keys, is50.tolist()))
-    p99_keys = list(compress(d_keys, is99.tolist()))
-    if p50_keys == keys and p99_keys == keys:
-        unique, count = keys, counts
+    e_key = _cluster_keys(executions, names)
+    d_key = _cluster_keys(durations, names)
+    counts, seconds = executions.values, durations.values
+    quantile = durations.texts["quantile"]
+    is50 = quantile.codes == _code(quantile.values, "0.5")
+    is99 = quantile.codes == _code(quantile.values, "0.99")
+    if _same(d_key[:, is50], e_key) and _same(d_key[:, is99], e_key):
+        unique, count = e_key, counts
         p50, p99 = seconds[is50] * 1e9, seconds[is99] * 1e9
     else:
-        index = {key: i for i, key in enumerate(dict.fromkeys(keys + d_keys))}
-        unique = list(index)
-        count, p50, p99 = (np.full(len(index), np.nan) for _ in range(3))
-        count[np.fromiter(map(index.__getitem__, keys), np.int64, len(keys))] = counts
-        rows = np.fromiter(map(index.__getitem__, d_keys), np.int64, len(d_keys))
-        p50[rows[is50]] = seconds[is50] * 1e9
-        p99[rows[is99]] = seconds[is99] * 1e9
-    n = len(unique)
-    rank = _ints(list(map(itemgetter(0), unique)))
-    kernel = np.fromiter((names.setdefault(k, len(names)) for k in map(itemgetter(1), unique)),
-                         np.int64, n)
-    stream = _ints(list(map(itemgetter(2), unique)))
-    cluster = _ints(list(map(itemgetter(3), unique)))
+        both = np.concatenate([e_key, d_key], axis=1)
+        ids, _ = dense_ids(*both)
+        _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+        order = np.argsort(first)  # keys in order of first appearance
+        position = np.empty(len(order), dtype=np.int64)
+        position[order] = np.arange(len(order))
+        row = position[inverse.reshape(-1)]
+        unique = both[:, first[order]]
+        count, p50, p99 = (np.full(len(order), np.nan) for _ in range(3))
+        n_e = e_key.shape[1]
+        count[row[:n_e]] = counts
+        p50[row[n_e:][is50]] = seconds[is50] * 1e9
+        p99[row[n_e:][is99]] = seconds[is99] * 1e9
+    rank, kernel, stream, cluster = unique
     with np.errstate(invalid="ignore"):
         ok = (count > 0) & (p50 > 0) & (p99 >= p50)
     count = count[ok].astype(np.int64)
@@ -137,6 +138,24 @@ def kernel_summary(executions: list[dict], durations: list[dict], window_ns: int
                          window=np.zeros(int(ok.sum()), dtype=np.int64),
                          cluster=cluster[ok], count=count, sum_ns=count * p50[ok],
                          p50_ns=p50[ok], p99_ns=p99[ok], names=table, window_ns=window_ns)
+
+
+def _cluster_keys(columns: VectorColumns, names: dict[str, int]) -> np.ndarray:
+    """(rank, kernel id, stream, cluster) of every series (4 x n); new kernel names get the
+    next ids in order of first appearance."""
+    kernel = columns.texts["kernel"]
+    ids = np.array([names.setdefault(k, len(names)) for k in kernel.values] or [0],
+                   dtype=np.int64)
+    return np.stack([columns.ints["rank"], ids[kernel.codes], columns.ints["stream"],
+                     columns.ints["cluster"]]).reshape(4, len(columns))
+
+
+def _code(values: list[str], wanted: str) -> int:
+    return values.index(wanted) if wanted in values else -1
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and bool((a == b).all())
 
 
 def rank_coords(info: list[dict]) -> dict[int, tuple[int, ...]]:
@@ -232,11 +251,12 @@ def fetch_summaries(api: PrometheusAPI, match: str, coords: dict[int, tuple[int,
     names: dict[str, int] = {}
     parts = []
     for where in filters:
-        with no_gc():
-            executions = api.query(f"argus_kernel_executions{{{match}}}{where}")
-            durations = api.query(f"argus_kernel_duration_seconds{{{match}}}{where}")
-            parts.append(kernel_summary(executions, durations, window_ns, names))
-            del executions, durations
+        with no_gc():  # an answer read as JSON (the fallback) is a dict per series
+            executions = api.query_columns(f"argus_kernel_executions{{{match}}}{where}",
+                                           SUMMARY_INTS, ("kernel",))
+            durations = api.query_columns(f"argus_kernel_duration_seconds{{{match}}}{where}",
+                                          SUMMARY_INTS, SUMMARY_TEXTS)
+        parts.append(kernel_summary(executions, durations, window_ns, names))
     return concat(parts, names, window_ns)
 
 
