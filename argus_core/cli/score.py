@@ -34,6 +34,9 @@ def register(commands) -> None:
                    help="per query (default 30)")
     p.add_argument("--selector", default="", metavar="MATCHERS",
                    help="extra label matchers, e.g. 'cluster=\"eu\"'")
+    p.add_argument("--l2-findings", default="all", choices=["all", "beyond-promql"],
+                   help="L2 findings to publish: all (default; rules with l2_source: "
+                        "scorer) or only those the l2_source: promql rules cannot make")
     p.set_defaults(run=run)
 
 
@@ -54,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
         config = ScoreConfig(prometheus=args.prometheus, interval_s=args.interval,
                              shard=int(index), shards=int(count), peer_axis=args.peer_axis,
                              window_s=args.window, rate_window=args.rate_window,
-                             timeout_s=args.timeout, selector=args.selector)
+                             timeout_s=args.timeout, selector=args.selector,
+                             l2_findings=args.l2_findings)
         from argus_core.score.prometheus import PrometheusAPI
 
         PrometheusAPI(config.prometheus)  # validates the URL
