@@ -41,11 +41,8 @@ def _alert(config: RulesConfig, name: str, expr: str, for_s: float, severity: st
 
 def l1_alerts(config: RulesConfig) -> list[dict]:
     """The job's iteration time: spikes, regressions, and the rank whose host stalled."""
-    sel = config.selectors.exporters
     spike = config.spike_ratio
     host = format_duration(config.host_window)
-    seconds = select("argus_step_seconds_total", sel)
-    gpu = select("argus_step_gpu_seconds_total", sel)
     return [
         _alert(config, "ArgusIterationSpike",
                f"job:argus_iteration_spike:settled_ratio >= {spike}",
@@ -65,7 +62,7 @@ def l1_alerts(config: RulesConfig) -> list[dict]:
                f"the {format_duration(config.regression_baseline)} before."),
         _alert(config, "ArgusHostStall",
                "(\n"
-               f"  increase({seconds}[{host}]) - increase({gpu}[{host}])\n"
+               "  rank:argus_host_seconds:increase\n"
                "  - on (job) group_left job:argus_host_seconds:median_increase\n"
                ")\n"
                ">= on (job) group_left\n"

@@ -117,10 +117,13 @@ def l1_group(config: RulesConfig) -> dict:
                 "unless on (job)\n"
                 f"  job:argus_iteration_seconds:latest >= {config.spike_guard:g} * "
                 "job:argus_step_window_seconds:median"),
-        # Host time (wall - GPU) each rank spent over the window; its job median is the
-        # reference ArgusHostStall compares one rank with.
+        # Host time (wall - GPU) each rank spent over the window, computed once (the two
+        # increases over every rank are this group's costliest reads); its job median is the
+        # reference ArgusHostStall compares one rank with, on this same evaluation.
+        _record("rank:argus_host_seconds:increase",
+                f"increase({seconds}[{host}]) - increase({gpu}[{host}])"),
         _record("job:argus_host_seconds:median_increase",
-                f"quantile by (job) (0.5, increase({seconds}[{host}]) - increase({gpu}[{host}]))"),
+                "quantile by (job) (0.5, rank:argus_host_seconds:increase)"),
     ])
 
 
