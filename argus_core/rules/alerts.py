@@ -170,7 +170,9 @@ def pipeline_alerts(config: RulesConfig) -> list[dict]:
                f"  unless on (job, rank) {steps}\n"
                f"  unless on (instance) {exporters_down}\n"
                ")\n"
-               f"and on (job) group by (job) ({steps})",
+               # the job still reports: its recorded slowest rank's step count (one read
+               # of every rank's counter fewer than `group by (job) (steps)`)
+               "and on (job) job:argus_steps:min",
                config.for_exporter_down, "warning", "pipeline",
                "An Argus exporter stopped reporting.",
                "{{ if $labels.rank }}Rank {{ $labels.rank }} (host {{ $labels.host }}) of job "

@@ -77,11 +77,12 @@ class RulesConfig:
                           "in PromQL, the scorer adds pairs, pp and collectives; no scorer "
                           "needed for them, but several seconds per evaluation at 10,000 "
                           "ranks)", L2_SCORER)
-    axes: tuple[str, ...] = _doc("l2_source promql: parallel axes whose compute phases the "
-                                 "rules compare in groups of 3+ (of dp, tp, ep; pp, pairs and "
-                                 "collectives are the scorer's). Drop the ones whose groups are "
-                                 "pairs in your jobs: each costs three passes over every "
-                                 "rank's phases", PROMQL_AXES)
+    axes: tuple[str, ...] = _doc("parallel axes (of dp, tp, ep) whose group statistics the "
+                                 "rules record for the dashboards; with l2_source promql, the "
+                                 "axes whose compute phases the rules compare in groups of 3+ "
+                                 "(pp, pairs and collectives are the scorer's): drop the ones "
+                                 "whose groups are pairs in your jobs, each costs three passes "
+                                 "over every rank's phases", PROMQL_AXES)
     runbook_url: str = _doc("where the README's runbook lives (each alert links to its "
                             "section); point it at your copy",
                             "https://github.com/argus-failslow/argus/blob/main/README.md")

@@ -170,11 +170,14 @@ SCORER_L2 = (
 def l2_scorer_group(config: RulesConfig) -> dict:
     """``l2_source: scorer``: the core's L2 statistics, as the scorer publishes them, under
     the names ``l2_group`` records (``by`` a coordinate a group lacks adds no label, so each
-    axis keeps its own labels). Reads only the scorer's small series: per group and phase,
-    per job; never the ranks' phases."""
+    axis keeps its own labels), for the ``axes`` the dashboards show (the scorer judges every
+    axis; the alerts read its findings). Reads only the scorer's small series: per group and
+    phase, per job; never the ranks' phases."""
     sel = config.selectors.scorer
+    axes = f'axis=~"{"|".join(config.axes)}"'  # the dashboards' axes; the alerts read all
     return _group("argus.l2", config.slow_interval, [
-        _record(name, f"max by ({labels}) ({select(source, sel)})")
+        _record(name, f"max by ({labels}) "
+                      f"({select(source, axes if 'axis' in labels else '', sel)})")
         for name, source, labels in SCORER_L2])
 
 
