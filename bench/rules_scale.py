@@ -166,9 +166,10 @@ class SyntheticCluster:
         return body + (self.kernel_text[target] if target < len(self.kernel_text) else b"")
 
 
-def scorer_exposition(ranks: int) -> bytes:
+def scorer_exposition(ranks: int):
     """The scorer's /metrics for the bench job: its own ``judge`` and collector on the phase
-    table it would read (L2 only: the kernel summaries are the scorer half's business)."""
+    table it would read (L2 only: the kernel summaries are the scorer half's business),
+    rendered at each scrape with a fresh last-success time (a scorer keeping up)."""
     from prometheus_client import CollectorRegistry, generate_latest
 
     from argus_core.score.service import Published, ScoreConfig, Scorer
@@ -180,14 +181,19 @@ def scorer_exposition(ranks: int) -> bytes:
     scorer.published = Published(judgements={"bench": judge(snapshot)})
     registry = CollectorRegistry(auto_describe=False)
     registry.register(scorer)
-    return generate_latest(registry)
+
+    def render() -> bytes:
+        scorer.published.last_success = time.time()
+        return generate_latest(registry)
+
+    return render
 
 
-def serve(cluster: SyntheticCluster, scorer: bytes) -> tuple[ThreadingHTTPServer, int]:
+def serve(cluster: SyntheticCluster, scorer) -> tuple[ThreadingHTTPServer, int]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
             target = self.path.strip("/").split("/")[-1]
-            body = scorer if target == "scorer" else cluster.render(int(target))
+            body = scorer() if target == "scorer" else cluster.render(int(target))
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.send_header("Content-Length", str(len(body)))
