@@ -1,16 +1,21 @@
 """Benchmark: every Argus rule group in a real Prometheus fed 10,000 ranks x 8 phases, and the
 scorer's round at 10,000 ranks x 100 kernels.
 
-    python bench/rules_scale.py [--ranks 10000] [--minutes 5] [--kernels 100] [--json]
+    python bench/rules_scale.py [--ranks 10000] [--minutes 5] [--kernels 100]
+                                [--l2-source scorer|promql] [--json]
     python bench/rules_scale.py --scorer-only [--json]   # the scorer's parse and compute only
 
 Rules. A synthetic exporter serves, for every rank, the series the exporters expose (the
 names, labels and kinds are taken from ``StepMetrics`` itself for one rank, then repeated
 with each rank's identity), over ``--targets`` scrape targets; values advance with time, one
-rank is a 2x mlp straggler. Prometheus (Debian's 2.42) scrapes them every 15 s and evaluates
-all Argus rule groups (production config: the step-level groups every 15 s, the L2, trend
-and pipeline groups every 60 s). After the rate windows have filled (2.5 min),
-``prometheus_rule_group_last_duration_seconds`` is sampled every 15 s:
+rank is a 2x mlp straggler. A further target serves what the scorer publishes for that job
+(its own ``judge`` and collector on the ranks' phase table: every L2 finding and the group
+statistics the ``l2_source: scorer`` rules rename, ~36,000 series at 10,000 ranks).
+Prometheus (Debian's 2.42) scrapes them every 15 s and evaluates all Argus rule groups
+(``--l2-source``: the rules' L2 mode, default the rules' default; production config: the
+step-level groups every 15 s, the L2, trend and pipeline groups every 60 s). After the rate
+windows have filled (2.5 min), ``prometheus_rule_group_last_duration_seconds`` is sampled
+every 15 s:
 ``rule_eval_seconds`` is the largest sum over groups seen (every group's last evaluation, as
 if all ran in the same 15 s), ``rule_eval_seconds_per_15s`` the evaluation time that falls in
 one 15 s interval on average (each group's duration x 15 s / its interval), with
@@ -33,6 +38,7 @@ fetched (the full 100 kernels would need ~6 M series in one Prometheus, beyond t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shutil
 import signal
@@ -51,7 +57,7 @@ import orjson
 from _report import report
 
 from argus_core.rules.alerts import alert_groups
-from argus_core.rules.config import RulesConfig
+from argus_core.rules.config import L2_SOURCES, RulesConfig
 from argus_core.rules.generate import to_yaml
 from argus_core.rules.recording import recording_groups
 from argus_core.schema import AXES
@@ -164,11 +170,34 @@ class SyntheticCluster:
         return body + (self.kernel_text[target] if target < len(self.kernel_text) else b"")
 
 
-def serve(cluster: SyntheticCluster) -> tuple[ThreadingHTTPServer, int]:
+def scorer_exposition(ranks: int):
+    """The scorer's /metrics for the bench job: its own ``judge`` and collector on the phase
+    table it would read (L2 only: the kernel summaries are the scorer half's business),
+    rendered at each scrape with a fresh last-success time (a scorer keeping up)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from argus_core.score.service import Published, ScoreConfig, Scorer
+    from argus_core.simulate.summaries import synthetic_summaries
+
+    coords = topology_for(ranks).coords()
+    snapshot = JobSnapshot("bench", synthetic_summaries(0, 0), {}, phase_snapshot(ranks, coords))
+    scorer = Scorer(ScoreConfig(prometheus="http://127.0.0.1:9090"))
+    scorer.published = Published(judgements={"bench": judge(snapshot)})
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(scorer)
+
+    def render() -> bytes:
+        scorer.published.last_success = time.time()
+        return generate_latest(registry)
+
+    return render
+
+
+def serve(cluster: SyntheticCluster, scorer) -> tuple[ThreadingHTTPServer, int]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
-            target = int(self.path.strip("/").split("/")[-1])
-            body = cluster.render(target)
+            target = self.path.strip("/").split("/")[-1]
+            body = scorer() if target == "scorer" else cluster.render(int(target))
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.send_header("Content-Length", str(len(body)))
@@ -346,6 +375,8 @@ def main() -> None:
     parser.add_argument("--query-kernels", type=int, default=4)
     parser.add_argument("--scorer-only", action="store_true",
                         help="only the scorer's parse and compute (no Prometheus)")
+    parser.add_argument("--l2-source", choices=L2_SOURCES, default=RulesConfig().l2_source,
+                        help="the rules' L2 mode (default: the rules' default)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop Prometheus on the way out
@@ -360,10 +391,11 @@ def main() -> None:
         report(result, args.json)
         return
 
-    rules = RulesConfig()
+    rules = dataclasses.replace(RulesConfig(), l2_source=args.l2_source)
+    result["l2_source"] = rules.l2_source
     cluster = SyntheticCluster(args.ranks, args.targets,
                                kernel_exposition(args.ranks, args.query_kernels, args.targets))
-    server, port = serve(cluster)
+    server, port = serve(cluster, scorer_exposition(args.ranks))
     workdir = Path(tempfile.mkdtemp(prefix="argus-rules-scale-"))
     (workdir / "rules.yml").write_text(to_yaml({"groups": recording_groups(rules)}))
     (workdir / "alerts.yml").write_text(to_yaml({"groups": alert_groups(rules)}))
@@ -380,6 +412,8 @@ def main() -> None:
                "metrics_path": f"/t/{t}",
                "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
               for t in range(args.targets)),
+            {"job_name": "argus-scorer", "honor_labels": True, "metrics_path": "/t/scorer",
+             "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]},
             {"job_name": "prometheus", "scrape_interval": "5s",
              "static_configs": [{"targets": [f"127.0.0.1:{prom_port}"]}]}]}))
     with open(workdir / "log", "w") as log:

@@ -5,7 +5,11 @@ returns data with the variables substituted, and the panels show what happened.
 Queries that read the recording rules, the scorer, live alerts or scrape series are skipped
 with their reason unless this Prometheus holds them: the recording rules are backfilled too
 when the checkout has ``recording_rules/*.yml`` (or ``ARGUS_RECORDING_RULES`` names rule
-files), so the same test checks more as the rules land.
+files), so the same test checks more as the rules land. A backfilled history has no scorer,
+so its L2 statistics are recorded by the ``l2_source: promql`` rules (the default ``scorer``
+mode renames the scorer's series to the same names and labels: the generated promtool test
+``recording_rules/tests/statistics.test.yml`` checks that, and tests/test_stack_e2e.py runs
+every dashboard query against a live scorer).
 """
 
 from __future__ import annotations
@@ -30,11 +34,20 @@ L2_GROUP_RULES = ("axis_group:argus_phase_seconds:median",
                   "job_phase:argus_phase_log_ratio:scale")
 
 
-def _rule_files() -> list[Path]:
+def _rule_files(workdir: Path) -> list[Path]:
+    """Rule files to backfill: ``ARGUS_RECORDING_RULES``, or the checkout's recording rules
+    generated with ``l2_source: promql`` (no scorer runs over a backfilled history)."""
     named = os.environ.get("ARGUS_RECORDING_RULES")
     if named:
         return [Path(p) for p in named.split(os.pathsep)]
-    return check.rule_files(ROOT)
+    if not check.rule_files(ROOT):
+        return []
+    from argus_core.rules.config import L2_PROMQL, RulesConfig
+    from argus_core.rules.generate import RULES_FILE, rendered
+
+    path = workdir / "argus.rules.yml"
+    path.write_text(rendered(RulesConfig(l2_source=L2_PROMQL))[RULES_FILE])
+    return [path]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +56,7 @@ def replayed(tmp_path_factory):
     if missing:
         pytest.skip(missing)
     workdir = tmp_path_factory.mktemp("dashboards")
-    replay = scenario.replay(workdir, minutes=MINUTES, rule_files=_rule_files())
+    replay = scenario.replay(workdir, minutes=MINUTES, rule_files=_rule_files(workdir))
     yield replay
     replay.prometheus.stop()
 

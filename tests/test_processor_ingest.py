@@ -149,7 +149,8 @@ def test_fuzzed_kernel_columns_are_rejected_or_exact(values):
 
 @settings(max_examples=150, deadline=None)
 @given(st.sampled_from(["name", "stream", "start_ns", "dur_ns"]),
-       st.lists(st.one_of(st.integers(-5, 2**64), st.floats(allow_nan=False, allow_infinity=False), st.booleans(),
+       st.lists(st.one_of(st.integers(-5, 2**64),
+                          st.floats(allow_nan=False, allow_infinity=False), st.booleans(),
                           st.text(max_size=3)), min_size=1, max_size=6),
        st.sampled_from(["gemm", "true_kernel", "falsey"]), st.booleans())
 def test_the_body_path_judges_kernel_columns_as_strictly_as_the_schema(column, values, name,

@@ -1,6 +1,8 @@
 """The rules agree with the core: for the paper's five cases, a healthy run and random fault
-specs, a promtool test generated from the simulated job (exporter metrics sampled as scrapes)
-expects exactly the alerts that the core's L1/L2 findings imply, and passes.
+specs, a promtool test generated from the simulated job (exporter metrics sampled as scrapes,
+and the scorer's L2 findings computed by its own code at each round) expects exactly the
+alerts that the core's L1/L2 findings imply, and passes; in both ``l2_source`` modes (the
+scorer's findings alone, or the rules' PromQL comparisons and the scorer's rest).
 
 Random specs draw a topology and one fault (compute, stall, link, one rank's link) per seed;
 a spec whose findings move when the core's thresholds move by a small margin
@@ -10,13 +12,15 @@ rolling windows may legitimately decide differently. ``ARGUS_AGREEMENT_SEEDS=N``
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
 import pytest
 from promtools import promtool_test
 
-from argus_core.rules.scenarios import stretched, write_scenario
+from argus_core.rules.config import L2_SOURCES, RulesConfig
+from argus_core.rules.scenarios import SCENARIO_TIME_SCALE, stretched, write_scenario
 from argus_core.simulate.cases import CASES
 from argus_core.simulate.faults import parse_fault
 from argus_core.simulate.model import SimConfig
@@ -26,9 +30,15 @@ SEEDS = int(os.environ.get("ARGUS_AGREEMENT_SEEDS", "2"))
 COMPUTE_PHASES = ("attention", "mlp", "backward", "optimizer")
 
 
+def rules_for(source: str) -> RulesConfig:
+    """The scenarios' rules (time-scaled) with L2 from ``source``."""
+    return dataclasses.replace(RulesConfig().scaled(SCENARIO_TIME_SCALE), l2_source=source)
+
+
+@pytest.mark.parametrize("source", L2_SOURCES)
 @pytest.mark.parametrize("name", list(CASES))
-def test_rules_agree_with_the_core_on_the_papers_cases(name, tmp_path):
-    path, expected = write_scenario(stretched(CASES[name], 4), tmp_path)
+def test_rules_agree_with_the_core_on_the_papers_cases(name, source, tmp_path):
+    path, expected = write_scenario(stretched(CASES[name], 4), tmp_path, rules_for(source))
     assert not expected.borderline, expected.borderline
     result = promtool_test(path)
     assert result.returncode == 0, f"core found {expected}; promtool:\n{result.stdout[-4000:]}"
@@ -63,14 +73,15 @@ def random_spec(rng: np.random.Generator) -> tuple[Topology, str]:
                       f"factor={rng.uniform(3, 8):.2f}:from={start}")
 
 
+@pytest.mark.parametrize("source", L2_SOURCES)
 @pytest.mark.parametrize("seed", range(SEEDS))
-def test_rules_agree_with_the_core_on_random_faults(seed, tmp_path):
+def test_rules_agree_with_the_core_on_random_faults(seed, source, tmp_path):
     rng = np.random.default_rng(1000 + seed)
     for attempt in range(20):
         topology, spec = random_spec(rng)
         config = SimConfig(job=f"random-{seed}", topology=topology,
                            faults=(parse_fault(spec),), seed=seed * 100 + attempt)
-        path, expected = write_scenario(config, tmp_path)
+        path, expected = write_scenario(config, tmp_path, rules_for(source))
         if not expected.borderline:
             break
     else:

@@ -107,8 +107,16 @@ def test_a_round_scores_the_slow_rank_and_says_why(prometheus):
     assert min(slow) > 0.5  # twice as slow: about +100% over the healthy reference
     assert {(s["job"], s["rank"], s["cause"]) for s, _ in out["argus_verdict"]} == {
         ("llm-a", str(SLOW_RANK), "compute")}
-    # Its mlp against its dp group of 8 is the recording rules' comparison, not published.
-    assert "argus_phase_straggler_ratio" not in out
+    # L2 too (the core's, every finding): its mlp against its dp group of 8 ...
+    assert {(s["job"], s["rank"], s["phase"], s["axis"], s["kind"])
+            for s, _ in out["argus_phase_straggler_ratio"]} == {
+        ("llm-a", str(SLOW_RANK), "mlp", "dp", "compute")}
+    # ... with the group statistics it was judged against, per job.
+    medians = {(s["job"], s["axis"], s["pp"]): v
+               for s, v in out["argus_l2_group_median_seconds"] if s["phase"] == "mlp"}
+    assert medians == {(job, "dp", pp): pytest.approx(0.03) for job in ("llm-a", "llm-b")
+                       for pp in ("0", "1")}
+    assert {s["job"] for s, _ in out["argus_l2_z_family"]} == {"llm-a", "llm-b"}
     unscored = {s["job"]: v for s, v in out["argus_scorer_unscored_ranks"]}
     assert unscored == {"llm-a": 1, "llm-b": 0}
     health = {name: values[0][1] for name, values in out.items() if name.startswith(
@@ -117,6 +125,16 @@ def test_a_round_scores_the_slow_rank_and_says_why(prometheus):
     assert health["argus_scorer_series_fetched"] >= 2 * RANKS * 4 * 2 * 3
     assert health["argus_scorer_jobs"] == 2
     assert health["argus_scorer_decode_fallbacks_total"] == 0  # Prometheus's own layout
+
+
+def test_beyond_promql_publishes_only_what_promql_rules_cannot_judge(prometheus):
+    """``--l2-findings beyond-promql`` (rules with ``l2_source: promql``): the dp group of 8
+    is the rules' comparison, so its finding is not published twice."""
+    scorer = Scorer(config(prometheus.url, l2_findings="beyond-promql"))
+    assert scorer.run_round()
+    assert "argus_phase_straggler_ratio" not in samples(scorer)
+    with pytest.raises(ValueError, match="--l2-findings 'some'"):
+        config(prometheus.url, l2_findings="some")
 
 
 def test_shards_split_the_jobs_between_scorers(prometheus):

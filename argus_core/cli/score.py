@@ -1,4 +1,4 @@
-"""``argus score``: run the W1 scoring job (L3) against Prometheus."""
+"""``argus score``: run the scoring job (L2 and L3) against Prometheus."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ import sys
 def register(commands) -> None:
     """Add the subcommand to the CLI."""
     p = commands.add_parser(
-        "score", help="run the W1 scoring job (L3) against Prometheus",
-        description="Every --interval, query the processors' kernel summaries from "
-                    "Prometheus, score them with the core's L3 (W1 against healthy peers), "
-                    "and serve argus_kernel_w1_score, argus_kernel_straggler and "
-                    "argus_verdict on /metrics for Prometheus to scrape.")
+        "score", help="run the scoring job (L2 and L3) against Prometheus",
+        description="Every --interval, query the processors' kernel summaries and the "
+                    "exporters' phase medians from Prometheus, judge them with the core's L3 "
+                    "(W1 against healthy peers) and L2 (every axis), and serve "
+                    "argus_kernel_w1_score, argus_kernel_straggler, argus_verdict, "
+                    "argus_phase_straggler_ratio and the L2 group statistics on /metrics for "
+                    "Prometheus to scrape.")
     p.add_argument("--prometheus", required=True, metavar="URL",
                    help="Prometheus (or Mimir/Thanos query frontend) base URL")
     p.add_argument("--listen", default="127.0.0.1:9800", metavar="HOST:PORT",
@@ -34,6 +36,9 @@ def register(commands) -> None:
                    help="per query (default 30)")
     p.add_argument("--selector", default="", metavar="MATCHERS",
                    help="extra label matchers, e.g. 'cluster=\"eu\"'")
+    p.add_argument("--l2-findings", default="all", choices=["all", "beyond-promql"],
+                   help="L2 findings to publish: all (default; rules with l2_source: "
+                        "scorer) or only those the l2_source: promql rules cannot make")
     p.set_defaults(run=run)
 
 
@@ -54,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
         config = ScoreConfig(prometheus=args.prometheus, interval_s=args.interval,
                              shard=int(index), shards=int(count), peer_axis=args.peer_axis,
                              window_s=args.window, rate_window=args.rate_window,
-                             timeout_s=args.timeout, selector=args.selector)
+                             timeout_s=args.timeout, selector=args.selector,
+                             l2_findings=args.l2_findings)
         from argus_core.score.prometheus import PrometheusAPI
 
         PrometheusAPI(config.prometheus)  # validates the URL

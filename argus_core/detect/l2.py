@@ -99,6 +99,23 @@ class CollectiveRole:
     peers: tuple[int, ...]  # waiter: the late ranks it waits for; late: the ranks waiting
 
 
+@dataclass(frozen=True)
+class GroupStatistics:
+    """What one axis's compute comparison judged its groups of three or more against (one
+    entry per group size): the groups' medians, the pooled spread and each group's threshold,
+    so that a metrics consumer (the scorer) publishes the core's numbers instead of
+    recomputing them. For a snapshot (one "step" of medians) a member is flagged exactly when
+    its time reaches its group's ``threshold``; over many steps each member's own noise widens
+    its spread, and the threshold is the one of the pooled spread alone."""
+
+    axis: str
+    cols: np.ndarray  # phase columns compared (compute phases)
+    members: np.ndarray  # groups x size: matrix rows of each group's members
+    median: np.ndarray  # groups x cols: the group's median time (s), median over judged steps
+    scale: np.ndarray  # cols: pooled spread of ln(time / group median), at least scale_floor
+    threshold: np.ndarray  # groups x cols: median x exp(max(ln(min_ratio), z_family x scale))
+
+
 @dataclass
 class L2Result:
     """Findings plus who waits for whom."""
@@ -110,6 +127,7 @@ class L2Result:
     wait_s: dict[int, float] = field(default_factory=dict)  # per rank: waiting per step
     tests: int = 0  # statistics judged (the family-wise correction's N)
     z_family: float = float("nan")
+    groups: list[GroupStatistics] = field(default_factory=list)  # compute, groups of 3+
 
 
 def _groups_by_size(gid: np.ndarray) -> list[np.ndarray]:
@@ -137,6 +155,9 @@ class _Stats:
     onset: np.ndarray  # onset step, -1 for none
     confirmed: np.ndarray  # pairs: the partner waits for it; others: True
     tests: int = 0  # independent statistics (a group's counts once, not per member)
+    members: np.ndarray | None = None  # groups of 3+: groups x size (matrix rows)
+    group_log: np.ndarray | None = None  # groups of 3+: groups x cols, median ln time
+    pooled: dict[int, float] = field(default_factory=dict)  # column -> pooled MAD sigma
 
     def __post_init__(self) -> None:
         if not self.tests:
@@ -184,6 +205,8 @@ def detect_l2(matrix: StepMatrix, coords: np.ndarray, steady: np.ndarray,
     tests = sum(st.tests for st in stats)
     z_family = max(config.z_threshold, family_z(tests, config.alpha))
     result.tests, result.z_family = tests, z_family
+    result.groups = [_group_statistics(st, config, z_family) for st in stats
+                     if st.kind == "compute" and st.members is not None]
     judged_steps = matrix.steps[steady]
     best: dict[tuple[int, str], PhaseFinding] = {}
     for st in stats:
@@ -210,6 +233,15 @@ def detect_l2(matrix: StepMatrix, coords: np.ndarray, steady: np.ndarray,
     result.wait_s = {int(r): float(np.nan_to_num(w)) for r, w in
                      zip(matrix.ranks, waits, strict=True)}
     return result
+
+
+def _group_statistics(st: _Stats, config: L2Config, z_family: float) -> GroupStatistics:
+    """The published form of one comparison's groups (see ``GroupStatistics``)."""
+    cols = np.unique(st.col)
+    scale = np.array([max(config.scale_floor, st.pooled.get(int(c), 0.0)) for c in cols])
+    margin = np.maximum(np.log(config.min_ratio), z_family * scale)
+    return GroupStatistics(st.axis, cols, st.members, np.exp(st.group_log),
+                           scale, np.exp(st.group_log + margin[None, :]))
 
 
 def _series_stats(x: np.ndarray, config: L2Config, onset_z: float, p_family: float,
@@ -269,6 +301,9 @@ def _rank_stats(log_t: np.ndarray, slack: np.ndarray, matrix: StepMatrix, gid: n
         if size == 2:
             confirmed = _partner_waits(matrix, members, cols, slack, log_t)
         stats = _Stats(axis, kind, rank, col, s, floor, onset, confirmed)
+        if size >= 3:  # the groups' medians, for publishing (GroupStatistics)
+            stats.members = members
+            stats.group_log = nanmedian(ref[:, 0], axis=1)
         pooled[size == 2].append(stats)
         out.append(stats)
     for group in pooled.values():
@@ -278,6 +313,7 @@ def _rank_stats(log_t: np.ndarray, slack: np.ndarray, matrix: StepMatrix, gid: n
             for st in group:
                 mine = st.col == c
                 st.sigma[mine] = np.maximum(st.sigma[mine], sigma)
+                st.pooled[c] = sigma
     return out
 
 

@@ -9,7 +9,7 @@ reduced each 10,000-rank vector to the ranks that stand out.
 
 from __future__ import annotations
 
-from argus_core.rules.config import RulesConfig, format_duration
+from argus_core.rules.config import L2_PROMQL, RulesConfig, format_duration
 from argus_core.rules.promql import compute_phases, group_labels, indent, select
 from argus_core.rules.recording import STAT_MEDIAN, on_axis
 
@@ -41,11 +41,8 @@ def _alert(config: RulesConfig, name: str, expr: str, for_s: float, severity: st
 
 def l1_alerts(config: RulesConfig) -> list[dict]:
     """The job's iteration time: spikes, regressions, and the rank whose host stalled."""
-    sel = config.selectors.exporters
     spike = config.spike_ratio
     host = format_duration(config.host_window)
-    seconds = select("argus_step_seconds_total", sel)
-    gpu = select("argus_step_gpu_seconds_total", sel)
     return [
         _alert(config, "ArgusIterationSpike",
                f"job:argus_iteration_spike:settled_ratio >= {spike}",
@@ -65,7 +62,7 @@ def l1_alerts(config: RulesConfig) -> list[dict]:
                f"the {format_duration(config.regression_baseline)} before."),
         _alert(config, "ArgusHostStall",
                "(\n"
-               f"  increase({seconds}[{host}]) - increase({gpu}[{host}])\n"
+               "  rank:argus_host_seconds:increase\n"
                "  - on (job) group_left job:argus_host_seconds:median_increase\n"
                ")\n"
                ">= on (job) group_left\n"
@@ -82,15 +79,18 @@ def l1_alerts(config: RulesConfig) -> list[dict]:
 
 
 def l2_alerts(config: RulesConfig) -> list[dict]:
-    """Ranks slower than their axis group in a compute phase (the recording rules' groups of
-    three or more on ``axes``, and the scorer's pairs and pipeline stages); ranks or groups
-    whose collective transfer is slow with the waiting for late arrivers removed (the
-    scorer's)."""
+    """Ranks slower than their axis group in a compute phase; ranks or groups whose
+    collective transfer is slow with the waiting for late arrivers removed (the scorer's).
+
+    ``l2_source: scorer``: every compute finding is the scorer's (the core's L2 on every
+    axis), and the alert reads only its findings, a handful of series. ``promql``: the
+    recording rules' groups of three or more on ``axes`` (one pass over every rank's phases
+    per axis), and the scorer's pairs and pipeline stages."""
     sel = config.selectors
     phases = select("argus_phase_window_seconds", STAT_MEDIAN, compute_phases(), sel.exporters)
     scorer = select("argus_phase_straggler_ratio", 'kind="compute"', sel.scorer)
     straggler_parts = []
-    for axis in config.axes:
+    for axis in config.axes if config.l2_source == L2_PROMQL else ():
         group = group_labels(axis, "phase")
         straggler_parts.append(
             "(\n"
@@ -170,7 +170,9 @@ def pipeline_alerts(config: RulesConfig) -> list[dict]:
                f"  unless on (job, rank) {steps}\n"
                f"  unless on (instance) {exporters_down}\n"
                ")\n"
-               f"and on (job) group by (job) ({steps})",
+               # the job still reports: its recorded slowest rank's step count (one read
+               # of every rank's counter fewer than `group by (job) (steps)`)
+               "and on (job) job:argus_steps:min",
                config.for_exporter_down, "warning", "pipeline",
                "An Argus exporter stopped reporting.",
                "{{ if $labels.rank }}Rank {{ $labels.rank }} (host {{ $labels.host }}) of job "
@@ -212,8 +214,9 @@ def pipeline_alerts(config: RulesConfig) -> list[dict]:
                f"\nor {select('up', sel.scorer_up)} == 0",
                down, "warning", "pipeline", "The Argus scorer has no recent result.",
                "The scorer at {{ $labels.instance }} has not completed a round for more than "
-               f"{stale} (or does not answer): L3 scores and verdicts are missing, by design "
-               "never stale."),
+               f"{stale} (or does not answer): "
+               f"{'L3' if config.l2_source == L2_PROMQL else 'L2 findings, L3'} scores and "
+               "verdicts are missing, by design never stale."),
         _alert(config, "ArgusVectorScrapeFailing",
                "sum by (host) (rate("
                f"{select('vector_component_errors_total', sel.vector_scrape)}[{window}]))"

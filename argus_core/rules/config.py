@@ -26,10 +26,15 @@ from argus_core.detect.l2 import L2Config
 _L1 = L1Config()
 _L2 = L2Config()
 
-# Axes whose compute-phase comparisons (groups of three or more) the recording rules make.
-# The pipeline axis is the scorer's: which stages do alike work is read off the kernels the
-# processors see; so are pairs (who waits) and collectives (arrival skew).
+# Axes whose compute-phase comparisons (groups of three or more) the recording rules make
+# with ``l2_source: promql``. The pipeline axis is the scorer's: which stages do alike work is
+# read off the kernels the processors see; so are pairs (who waits) and collectives (arrival
+# skew).
 PROMQL_AXES = ("dp", "tp", "ep")
+# Where L2 comes from: the scorer runs the core's L2 and the rules rename its small results
+# (the default), or the rules compute the compute-phase comparisons themselves in PromQL.
+L2_SCORER, L2_PROMQL = "scorer", "promql"
+L2_SOURCES = (L2_SCORER, L2_PROMQL)
 
 
 def _doc(text: str, default, **kwargs):
@@ -66,11 +71,18 @@ class RulesConfig:
     """Everything the generated rules, alerts, tests and Alertmanager routing depend on."""
 
     selectors: Selectors = field(default_factory=Selectors)
-    axes: tuple[str, ...] = _doc("parallel axes whose compute phases the rules compare in "
-                                 "groups of 3+ (of dp, tp, ep; pp, pairs and collectives are "
-                                 "the scorer's). Drop the ones whose groups are pairs in your "
-                                 "jobs: each costs three passes over every rank's phases",
-                                 PROMQL_AXES)
+    l2_source: str = _doc("where L2 comes from: 'scorer' (the scorer runs the core's L2 on "
+                          "every axis and the rules rename its small results; L2 alerts need "
+                          "a scorer) or 'promql' (the rules compare compute phases on `axes` "
+                          "in PromQL, the scorer adds pairs, pp and collectives; no scorer "
+                          "needed for them, but several seconds per evaluation at 10,000 "
+                          "ranks)", L2_SCORER)
+    axes: tuple[str, ...] = _doc("parallel axes (of dp, tp, ep) whose group statistics the "
+                                 "rules record for the dashboards; with l2_source promql, the "
+                                 "axes whose compute phases the rules compare in groups of 3+ "
+                                 "(pp, pairs and collectives are the scorer's): drop the ones "
+                                 "whose groups are pairs in your jobs, each costs three passes "
+                                 "over every rank's phases", PROMQL_AXES)
     runbook_url: str = _doc("where the README's runbook lives (each alert links to its "
                             "section); point it at your copy",
                             "https://github.com/argus-failslow/argus/blob/main/README.md")
@@ -218,6 +230,11 @@ def override(config: RulesConfig, data: dict, origin: str = "config") -> RulesCo
                              f"{', '.join(sorted(known))})")
         if key == "selectors":
             changes[key] = _selectors(config.selectors, value, origin)
+        elif key == "l2_source":
+            if value not in L2_SOURCES:
+                raise ValueError(f"{origin}: l2_source: expected one of "
+                                 f"{', '.join(L2_SOURCES)}, got {value!r}")
+            changes[key] = value
         elif key == "axes":
             axes = tuple(value) if isinstance(value, (list, tuple)) else ()
             if not axes or any(a not in PROMQL_AXES for a in axes):

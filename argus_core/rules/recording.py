@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 
-from argus_core.rules.config import RulesConfig, format_duration
+from argus_core.rules.config import L2_PROMQL, RulesConfig, format_duration
 from argus_core.rules.promql import all_axis_phases, compute_phases, group_labels, indent, select
 from argus_core.schema import AXES
 from argus_core.stats.robust import MAD_TO_SIGMA
@@ -63,8 +63,8 @@ STAT_MEDIAN = 'stat="median"'
 
 def recording_groups(config: RulesConfig) -> list[dict]:
     """Every recording-rule group."""
-    return [l1_group(config), l1_trend_group(config), l2_group(config),
-            pipeline_group(config)]
+    l2 = l2_group(config) if config.l2_source == L2_PROMQL else l2_scorer_group(config)
+    return [l1_group(config), l1_trend_group(config), l2, pipeline_group(config)]
 
 
 def _group(name: str, interval: float, rules: list[dict]) -> dict:
@@ -117,10 +117,13 @@ def l1_group(config: RulesConfig) -> dict:
                 "unless on (job)\n"
                 f"  job:argus_iteration_seconds:latest >= {config.spike_guard:g} * "
                 "job:argus_step_window_seconds:median"),
-        # Host time (wall - GPU) each rank spent over the window; its job median is the
-        # reference ArgusHostStall compares one rank with.
+        # Host time (wall - GPU) each rank spent over the window, computed once (the two
+        # increases over every rank are this group's costliest reads); its job median is the
+        # reference ArgusHostStall compares one rank with, on this same evaluation.
+        _record("rank:argus_host_seconds:increase",
+                f"increase({seconds}[{host}]) - increase({gpu}[{host}])"),
         _record("job:argus_host_seconds:median_increase",
-                f"quantile by (job) (0.5, increase({seconds}[{host}]) - increase({gpu}[{host}]))"),
+                "quantile by (job) (0.5, rank:argus_host_seconds:increase)"),
     ])
 
 
@@ -149,6 +152,33 @@ def l1_trend_group(config: RulesConfig) -> dict:
                 "job:argus_iteration_seconds:recent_median\n"
                 "/ job:argus_iteration_seconds:baseline_median"),
     ])
+
+
+# The scorer's L2 statistics -> the names the dashboards and alerts read (l2_source scorer),
+# with the labels that identify them (an axis group: its other coordinates).
+SCORER_L2 = (
+    ("axis_group:argus_phase_seconds:median", "argus_l2_group_median_seconds",
+     f"job, axis, phase, {', '.join(AXES)}"),
+    ("axis_group:argus_phase_seconds:threshold", "argus_l2_group_threshold_seconds",
+     f"job, axis, phase, {', '.join(AXES)}"),
+    ("job_phase:argus_phase_log_ratio:scale", "argus_l2_log_ratio_scale", "job, axis, phase"),
+    ("job:argus_l2_z:family", "argus_l2_z_family", "job"),
+    ("job:argus_l2_tests:count", "argus_scorer_l2_tests", "job"),
+)
+
+
+def l2_scorer_group(config: RulesConfig) -> dict:
+    """``l2_source: scorer``: the core's L2 statistics, as the scorer publishes them, under
+    the names ``l2_group`` records (``by`` a coordinate a group lacks adds no label, so each
+    axis keeps its own labels), for the ``axes`` the dashboards show (the scorer judges every
+    axis; the alerts read its findings). Reads only the scorer's small series: per group and
+    phase, per job; never the ranks' phases."""
+    sel = config.selectors.scorer
+    axes = f'axis=~"{"|".join(config.axes)}"'  # the dashboards' axes; the alerts read all
+    return _group("argus.l2", config.slow_interval, [
+        _record(name, f"max by ({labels}) "
+                      f"({select(source, axes if 'axis' in labels else '', sel)})")
+        for name, source, labels in SCORER_L2])
 
 
 def l2_group(config: RulesConfig) -> dict:

@@ -198,12 +198,14 @@ def scrape_series(records: list[tuple[int, dict]], interval_s: float,
 
 
 def scorer_series(series: list[Series], rules: RulesConfig) -> list[Series]:
-    """What the scorer publishes for L2 (``argus_phase_straggler_ratio``) at each of its
-    rounds, computed by its own code on the exporters' series as Prometheus would answer its
+    """What the scorer publishes for L2 (``argus_phase_straggler_ratio``: every finding, or
+    with ``l2_source: promql`` those beyond the rules' comparisons) at each of its rounds,
+    computed by its own code on the exporters' series as Prometheus would answer its
     queries then, and scraped until the next round (a finding that ends gets a staleness
     marker, as a scrape of the scorer's ``/metrics`` would give it)."""
     from argus_core.detect.l2 import L2Config
-    from argus_core.score.core_adapter import beyond_promql, judge_phases
+    from argus_core.rules.config import L2_PROMQL
+    from argus_core.score.core_adapter import all_findings, beyond_promql, judge_phases
     from argus_core.score.snapshot import phase_table
     from argus_core.taxonomy import is_comm_phase
 
@@ -228,7 +230,8 @@ def scorer_series(series: list[Series], rules: RulesConfig) -> list[Series]:
         found = {}
         if table is not None and len(table.ranks) >= 2:
             job = inputs[0].labels["job"]
-            for f in beyond_promql(judge_phases(table, L2Config()), table):
+            published = beyond_promql if rules.l2_source == L2_PROMQL else all_findings
+            for f in published(judge_phases(table, L2Config()), table):
                 labels = {"job": job, "rank": str(f.rank), **f.labels, "phase": f.phase,
                           "axis": f.axis, "kind": f.kind}
                 found[tuple(sorted(labels.items()))] = (labels, round(f.ratio, 9))

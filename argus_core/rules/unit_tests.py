@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from argus_core.rules.config import LOOKBACK_S, RulesConfig, format_duration
+from argus_core.rules.config import L2_PROMQL, LOOKBACK_S, RulesConfig, format_duration
 from argus_core.rules.recording import recording_groups
 from argus_core.stats.robust import MAD_TO_SIGMA
 
@@ -314,10 +314,84 @@ def _scorer_labels(config: RulesConfig, job: str, rank: int, phase: str, axis: s
 
 
 def l2_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
-    """The rules' comparison (a compute straggler in a dp group of four; its peers' waiting
-    in the all-reduce is not slowness; a rank halfway to the threshold raises nothing) and
-    the scorer's findings: a pair member (ArgusStragglerRank) and a collective slow with
-    nobody arriving late (ArgusLinkDegraded)."""
+    """ArgusStragglerRank from its source (``l2_source``: the scorer's findings, or the
+    rules' own comparison), the scorer's pair member, and a collective slow with nobody
+    arriving late (ArgusLinkDegraded)."""
+    tests = (l2_promql_tests(config, groups) if config.l2_source == L2_PROMQL
+             else l2_scorer_tests(config, groups))
+    return tests + l2_scorer_finding_tests(config, groups)
+
+
+def l2_scorer_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
+    """``l2_source: scorer``: the scorer's compute finding fires with its labels after
+    ``for`` (its collective finding does not: that is ArgusLinkDegraded's); a healthy job's
+    phases, however uneven, raise nothing without a finding; and a scorer that goes stale
+    raises ArgusScorerStale and no L2 alert (nothing stale is judged)."""
+    rule = _rule(groups, "ArgusStragglerRank")
+    samples = _for_intervals(config, config.for_straggler) + 2
+    straggler = _scorer_labels(config, "train", 3, "mlp", "dp", dp=3)
+    waiter = _scorer_labels(config, "train", 0, "dp-allreduce", "dp", dp=0)
+    series = [Series("argus_phase_straggler_ratio", {**straggler, "kind": "compute"},
+                     [1.5] * samples),
+              Series("argus_phase_straggler_ratio", {**waiter, "kind": "communication"},
+                     [2.0] * samples)]
+    expected = _expect(_alert_labels(config, rule, **straggler), _annotations(rule, **{
+        "$labels.rank": "3", "$labels.host": "node-0", "$labels.job": "train",
+        "$labels.axis": "dp", "$labels.phase": "mlp", '$value | printf "%.2f"': "1.50"}))
+    tests = [_test(config, "ArgusStragglerRank: the scorer's finding, after `for`", series,
+                   alerts=_fires(config, "ArgusStragglerRank", 0, config.for_straggler,
+                                 [expected]))]
+
+    # A healthy job: the scorer publishes its statistics and no finding; a rank 3x its
+    # group in the exporters' phases alone (no scorer finding) is not the alerts' business.
+    series = []
+    for rank in range(4):
+        labels = rank_labels(config, "healthy", rank, dp=rank)
+        series.append(Series("argus_phase_window_seconds",
+                             {**labels, "phase": "mlp", "stat": "median"},
+                             [0.375 if rank == 3 else 0.125] * samples))
+    series.append(Series("argus_l2_group_median_seconds",
+                         {**_matchers(config.selectors.scorer), "job": "healthy",
+                          "axis": "dp", "phase": "mlp", "tp": "0", "pp": "0", "ep": "0"},
+                         [0.125] * samples))
+    series.append(Series("argus_scorer_l2_tests", {**_matchers(config.selectors.scorer),
+                                                    "job": "healthy"}, [4.0] * samples))
+    tests.append(_test(config, "ArgusStragglerRank: nothing without a scorer finding",
+                       series, alerts=[_check(config, k, "ArgusStragglerRank", [])
+                                       for k in (samples // 2, samples - 1)]))
+
+    # The scorer goes stale mid-incident: its scrape fails (up 0, staleness markers on its
+    # series); the L2 alert goes with its finding and ArgusScorerStale takes over.
+    stale_rule = _rule(groups, "ArgusScorerStale")
+    due = _for_intervals(config, config.for_straggler)
+    dies = due + 2
+    down = _for_intervals(config, config.for_component_down)
+    samples = dies + down + 3
+    scorer = {**_matchers(config.selectors.scorer_up), **_matchers(config.selectors.scorer),
+              "instance": "node-0:9800"}
+    success = [k * config.evaluation_interval for k in range(dies)]
+    series = [
+        Series("argus_phase_straggler_ratio", {**straggler, "kind": "compute"},
+               [1.5] * dies + ["stale"] * (samples - dies)),
+        Series("argus_scorer_last_success_timestamp_seconds", scorer,
+               success + ["stale"] * (samples - dies)),
+        Series("up", scorer, [1.0] * dies + [0.0] * (samples - dies))]
+    stale = _expect(_alert_labels(config, stale_rule, **scorer),  # `up == 0`'s labels
+                    _annotations(stale_rule, **{"$labels.instance": "node-0:9800"}))
+    tests.append(_test(config, "ArgusScorerStale, and no L2 alert, when the scorer stops",
+                       series, alerts=[
+                           _check(config, due, "ArgusStragglerRank", [expected]),
+                           _check(config, dies, "ArgusStragglerRank", []),
+                           _check(config, samples - 1, "ArgusStragglerRank", []),
+                           *_fires(config, "ArgusScorerStale", dies,
+                                   config.for_component_down, [stale])]))
+    return tests
+
+
+def l2_promql_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
+    """``l2_source: promql``: the rules' comparison (a compute straggler in a dp group of
+    four; its peers' waiting in the all-reduce is not slowness; a rank halfway to the
+    threshold raises nothing)."""
     onset = 0
     samples = _for_intervals(config, config.for_straggler) + 2
     series: list[Series] = []
@@ -350,10 +424,18 @@ def l2_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
                               "$labels.job": "train", "$labels.axis": "dp",
                               "$labels.phase": "mlp",
                               '$value | printf "%.2f"': f"{slow / base:.2f}"}))
-    tests = [_test(config, "ArgusStragglerRank: the slow rank, not the ranks waiting for it",
-                   series, alerts=_fires(config, "ArgusStragglerRank", onset,
-                                         config.for_straggler, [straggler]))]
+    return [_test(config, "ArgusStragglerRank: the slow rank, not the ranks waiting for it",
+                  series, alerts=_fires(config, "ArgusStragglerRank", onset,
+                                        config.for_straggler, [straggler]))]
 
+
+def l2_scorer_finding_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
+    """The scorer's findings in either mode: a pair member (ArgusStragglerRank) and a
+    collective slow with nobody arriving late (ArgusLinkDegraded)."""
+    onset = 0
+    samples = _for_intervals(config, config.for_straggler) + 2
+    rule = _rule(groups, "ArgusStragglerRank")
+    tests = []
     pair = _scorer_labels(config, "pairs", 1, "mlp", "tp", tp=1)
     series = [Series("argus_phase_straggler_ratio", {**pair, "kind": "compute"},
                      [2.0] * samples)]
@@ -637,6 +719,9 @@ def recording_tests(config: RulesConfig) -> list[dict]:
     values = np.round(base * np.exp(rng.normal(0.0, 0.04, (32, len(phases)))), 6)
     values[13, 1] *= 3  # a straggler: the spread is pooled over the healthy majority
     stats = l2_statistics(config, coords, phases, values)
+    if config.l2_source != L2_PROMQL:
+        return [scorer_statistics_test(config, coords, phases, values, stats),
+                *l1_recording_tests(config)]
     series = []
     for r in range(32):
         labels = rank_labels(config, "train", r, **dict(zip(AXES, coords[r].tolist(),
@@ -664,9 +749,87 @@ def recording_tests(config: RulesConfig) -> list[dict]:
                 {"axis": axis, "job": "train", "phase": phase, **others}.items())) + "}"
             exprs.append(_close(f"axis_group:argus_phase_seconds:{record}{{{selector}}}",
                                 labels, value, at))
-    tests = [_test(config, "L2 statistics of a dp=8 x tp=4 job (N and z as the core counts)",
-                   series, exprs=exprs)]
+    return [_test(config, "L2 statistics of a dp=8 x tp=4 job (N and z as the core counts)",
+                  series, exprs=exprs), *l1_recording_tests(config)]
 
+
+def scorer_published(coords, phases: list[str], values, job: str = "train") -> dict:
+    """What the scorer's /metrics serves for one job's phase medians (its own ``judge`` and
+    collector): metric name -> [(labels, value)]."""
+    import numpy as np
+
+    from argus_core.score.core_adapter import judge
+    from argus_core.score.service import Published, ScoreConfig, Scorer
+    from argus_core.score.snapshot import JobSnapshot, PhaseTable
+    from argus_core.simulate.summaries import synthetic_summaries
+
+    n = len(coords)
+    table = PhaseTable(np.arange(n), list(phases), values, np.asarray(coords),
+                       None, ["node-0"] * n)
+    summary = synthetic_summaries(0, 0)  # L2 only: no kernels
+    scorer = Scorer(ScoreConfig(prometheus="http://127.0.0.1:9090"))
+    scorer.published = Published(judgements={job: judge(JobSnapshot(job, summary, {}, table))})
+    out: dict = {}
+    for family in scorer.collect():
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return out
+
+
+def scorer_statistics_test(config: RulesConfig, coords, phases: list[str], values,
+                           stats: dict) -> dict:
+    """``l2_source: scorer``: the scorer's L2 statistics for the dp=8 x tp=4 job (its own
+    code on the same medians) come out of the rules under the ``promql`` mode's names and
+    with exactly its labels (the groups ``l2_statistics`` lists), whatever extra labels the
+    scrape adds."""
+    from argus_core.rules.recording import SCORER_L2
+    from argus_core.schema import AXES
+
+    published = scorer_published(coords, phases, values)
+    scrape = {**_matchers(config.selectors.scorer), "instance": "node-0:9800"}
+    series = [Series(name, {**scrape, **labels}, [value] * 2)
+              for _, name, _ in SCORER_L2 for labels, value in published.get(name, [])]
+    source = {record: name for record, name, _ in SCORER_L2}
+
+    def value_of(record: str, **labels: str) -> float:
+        wanted = {"job": "train", **labels}
+        hits = [v for lab, v in published.get(source[record], []) if lab == wanted]
+        if len(hits) != 1:
+            raise ValueError(f"the scorer publishes {len(hits)} {source[record]} for {wanted}")
+        return hits[0]
+
+    at = format_duration(config.evaluation_interval)
+    exprs = [{"expr": "job:argus_l2_tests:count", "eval_time": at, "exp_samples": [
+        {"labels": 'job:argus_l2_tests:count{job="train"}', "value": stats["tests"]}]},
+        _close("job:argus_l2_z:family", '{job="train"}', value_of("job:argus_l2_z:family"),
+               at)]
+    for axis, phase in sorted(stats["scale"]):
+        exprs.append(_close(f'job_phase:argus_phase_log_ratio:scale{{axis="{axis}",'
+                            f'phase="{phase}"}}',
+                            f'{{axis="{axis}",job="train",phase="{phase}"}}',
+                            value_of("job_phase:argus_phase_log_ratio:scale", axis=axis,
+                                     phase=phase), at))
+    for record in ("median", "threshold"):
+        name = f"axis_group:argus_phase_seconds:{record}"
+        for axis, phase, group in sorted(stats["groups"]):
+            others = {a: str(v) for a, v in zip(AXES, group, strict=True) if a != axis}
+            selector = ",".join(f'{k}="{v}"' for k, v in {"axis": axis, "phase": phase,
+                                                          **others}.items())
+            labels = "{" + ",".join(f'{k}="{v}"' for k, v in sorted(
+                {"axis": axis, "job": "train", "phase": phase, **others}.items())) + "}"
+            exprs.append(_close(f"{name}{{{selector}}}", labels,
+                                value_of(name, axis=axis, phase=phase, **others), at))
+        # ... and nothing else: one recorded series per group the promql mode records.
+        count = len([k for k in stats["groups"] if k[0] in config.axes])
+        exprs.append({"expr": f'count({name}{{axis=~"{"|".join(config.axes)}"}})',
+                      "eval_time": at, "exp_samples": [{"labels": "{}", "value": count}]})
+    return _test(config, "L2 statistics of a dp=8 x tp=4 job: the scorer's (the core's), "
+                 "under the names and labels the dashboards read", series, exprs=exprs)
+
+
+def l1_recording_tests(config: RulesConfig) -> list[dict]:
+    """The L1 spike ratio, and warm-up excluded."""
+    tests = []
     steps = _Steps(config, 10)
     spike = 3 * steps.step_s
     series = steps.series(rank_labels(config, "spiky", 0), stall={5: spike})

@@ -9,10 +9,15 @@
   collective is the time of the phases before it, in step order, plus its time in no phase,
   wall - phases). Pipeline stages are compared only where alike (``stage_classes``: the
   kernels each stage runs per step, read off the summaries' executions).
-- The L2 findings PromQL cannot make are published (``Judgement.phases``): pairs (decided by
-  who waits), the pp axis (stage likeness) and every collective comparison (arrival skew).
-  The recording rules make the others (compute phases in groups of three or more on the
-  ``PROMQL_AXES``), so each comparison has one source.
+- Every L2 finding is published (``Judgement.phases``, ``L2_FINDINGS_ALL``): the recording
+  rules only rename the scorer's results, so the core is the single source of L2. With
+  ``L2_FINDINGS_BEYOND_PROMQL`` (rules with ``l2_source: promql``) only the findings PromQL
+  cannot make: pairs (decided by who waits), the pp axis (stage likeness) and every
+  collective comparison (arrival skew); the rules make the others.
+- The statistics the core judged with (``Judgement.groups``, ``scales``, ``z_family``,
+  ``l2_tests``): each axis group's median and threshold per compute phase, the pooled spread
+  per axis and phase, the family-wise z and N, taken from the core's ``L2Result.groups``,
+  never recomputed.
 - L3: ``score_kernels`` (peers: the ranks at the same ``peer_axis`` position; steps per
   window from the ranks' step rates); a collective kernel is excused when the rank's
   arrival-skew waiting per step explains at least half of its extra time.
@@ -63,6 +68,22 @@ class PhaseStraggler:
     labels: dict[str, str]  # host and coordinates
 
 
+L2_FINDINGS_ALL = "all"
+L2_FINDINGS_BEYOND_PROMQL = "beyond-promql"
+L2_FINDINGS = (L2_FINDINGS_ALL, L2_FINDINGS_BEYOND_PROMQL)
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    """One axis group's statistics in one compute phase, with its identifying labels."""
+
+    axis: str
+    phase: str
+    labels: dict[str, str]  # the group's coordinates on every other axis
+    median: float  # seconds
+    threshold: float  # seconds: a member at or above it is a finding
+
+
 @dataclass
 class Judgement:
     """What the scorer publishes for one job."""
@@ -71,13 +92,20 @@ class Judgement:
     verdicts: list[tuple[int, str]] = field(default_factory=list)  # (rank, cause)
     wait_s: dict[int, float] = field(default_factory=dict)  # per rank, per step
     unscored: set[int] = field(default_factory=set)  # known ranks with no score at all
-    phases: list[PhaseStraggler] = field(default_factory=list)  # L2 beyond PromQL
+    phases: list[PhaseStraggler] = field(default_factory=list)  # L2 findings published
     l2_tests: int = 0  # statistics the core's L2 judged (its family-wise N)
+    z_family: float = float("nan")  # the z every L2 statistic of the job must reach
+    groups: list[GroupRow] = field(default_factory=list)  # groups of 3+, compute phases
+    scales: list[tuple[str, str, float]] = field(default_factory=list)  # (axis, phase, scale)
 
 
-def judge(snapshot: JobSnapshot, peer_axis: str = "pp") -> Judgement:
+def judge(snapshot: JobSnapshot, peer_axis: str = "pp",
+          l2_findings: str = L2_FINDINGS_ALL) -> Judgement:
     """Judge one job with the core: L2 on the phase medians (waiting from arrival skew),
-    L3 on the kernel summaries (waiting excused), and verdicts."""
+    L3 on the kernel summaries (waiting excused), and verdicts. ``l2_findings`` says which
+    L2 findings are published: all, or those beyond the ``promql`` rules' comparisons."""
+    if l2_findings not in L2_FINDINGS:
+        raise ValueError(f"l2_findings {l2_findings!r}: expected one of {', '.join(L2_FINDINGS)}")
     from argus_core.detect.diagnose import DiagnoseConfig
     from argus_core.detect.l1 import L1Result
     from argus_core.detect.l2 import L2Result
@@ -89,8 +117,10 @@ def judge(snapshot: JobSnapshot, peer_axis: str = "pp") -> Judgement:
     if snapshot.phases is not None:
         l2 = judge_phases(snapshot.phases, config.l2,
                           stage_classes(snapshot, snapshot.phases))
-        out.wait_s, out.l2_tests = l2.wait_s, l2.tests
-        out.phases = beyond_promql(l2, snapshot.phases)
+        out.wait_s, out.l2_tests, out.z_family = l2.wait_s, l2.tests, l2.z_family
+        out.phases = (all_findings(l2, snapshot.phases) if l2_findings == L2_FINDINGS_ALL
+                      else beyond_promql(l2, snapshot.phases))
+        out.groups, out.scales = group_rows(l2, snapshot.phases)
     findings = _score_kernels(snapshot, peer_axis, config.l3, out)
     out.unscored = snapshot.known_ranks - set(np.unique(out.kernels.rank).tolist())
     empty = np.zeros(0)
@@ -168,25 +198,57 @@ def window_waits(times, matrix, coords: np.ndarray, minimum: np.ndarray,
     times.comm_s[...] = np.nansum(times.transfer[:, :, comm], axis=2)
 
 
+def all_findings(l2, table: PhaseTable) -> list[PhaseStraggler]:
+    """Every L2 finding of the core, with the rank's host and coordinates."""
+    row = {int(r): i for i, r in enumerate(table.ranks.tolist())}
+    return [PhaseStraggler(f.rank, f.phase, f.axis, f.kind, f.ratio,
+                           _rank_labels(table, row[f.rank])) for f in l2.findings]
+
+
+def _rank_labels(table: PhaseTable, i: int) -> dict[str, str]:
+    return {"host": table.hosts[i] if table.hosts else "",
+            **{a: str(int(table.coords[i, k])) for k, a in enumerate(AXES)}}
+
+
 def beyond_promql(l2, table: PhaseTable) -> list[PhaseStraggler]:
-    """The findings of comparisons the recording rules do not make: collectives, pairs and
-    the pp axis."""
+    """The findings of comparisons the ``promql`` recording rules do not make: collectives,
+    pairs and the pp axis."""
     from argus_core.topology import axis_groups
 
-    row = {int(r): i for i, r in enumerate(table.ranks.tolist())}
     sizes = {}
     for axis in AXES:
         gid = axis_groups(table.coords, axis)
         sizes[axis] = np.bincount(gid)[gid]
-    out = []
-    for f in l2.findings:
-        i = row[f.rank]
-        if f.kind == "compute" and f.axis in PROMQL_AXES and sizes[f.axis][i] >= 3:
-            continue  # the recording rules' comparison
-        labels = {"host": table.hosts[i] if table.hosts else "",
-                  **{a: str(int(table.coords[i, k])) for k, a in enumerate(AXES)}}
-        out.append(PhaseStraggler(f.rank, f.phase, f.axis, f.kind, f.ratio, labels))
-    return out
+    row = {int(r): i for i, r in enumerate(table.ranks.tolist())}
+    return [f for f in all_findings(l2, table)
+            if not (f.kind == "compute" and f.axis in PROMQL_AXES
+                    and sizes[f.axis][row[f.rank]] >= 3)]  # the rules' comparison
+
+
+def group_rows(l2, table: PhaseTable) -> tuple[list[GroupRow], list[tuple[str, str, float]]]:
+    """The core's group statistics (``L2Result.groups``) as labelled rows: per group and
+    compute phase its median and threshold, labelled by the group's other coordinates; per
+    axis and phase the pooled spread. A pipeline group split into unlike stages shares its
+    coordinates with the other part: such groups are left out (the findings still name
+    their members), so that no two rows carry the same labels."""
+    rows: list[GroupRow] = []
+    scales: dict[tuple[str, str], float] = {}
+    seen: dict[tuple, int] = {}
+    for stats in l2.groups:
+        others = [(j, a) for j, a in enumerate(AXES) if a != stats.axis]
+        first = table.coords[stats.members[:, 0]]
+        for c, col in enumerate(stats.cols.tolist()):
+            phase = table.names[col]
+            scales[(stats.axis, phase)] = float(stats.scale[c])
+            for g in range(len(first)):
+                labels = {a: str(int(first[g, j])) for j, a in others}
+                key = (stats.axis, phase, *labels.values())
+                seen[key] = seen.get(key, 0) + 1
+                median, threshold = float(stats.median[g, c]), float(stats.threshold[g, c])
+                if np.isfinite(median):
+                    rows.append(GroupRow(stats.axis, phase, labels, median, threshold))
+    unique = [r for r in rows if seen[(r.axis, r.phase, *r.labels.values())] == 1]
+    return unique, [(axis, phase, scale) for (axis, phase), scale in sorted(scales.items())]
 
 
 def stage_classes(snapshot: JobSnapshot, table: PhaseTable) -> np.ndarray | None:

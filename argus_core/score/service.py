@@ -6,9 +6,14 @@ each job's summaries, coordinates and phase medians, judges them with the core
 (``core_adapter.judge``) and publishes the result atomically:
 ``argus_kernel_w1_score{job,rank,kernel,stream}``, ``argus_kernel_straggler`` (0/1),
 ``argus_verdict{job,rank,cause}``, ``argus_rank_wait_seconds{job,rank}`` (arrival skew) and
-``argus_phase_straggler_ratio{job,rank,host,dp,tp,pp,ep,phase,axis,kind}``: the L2 findings
-the recording rules cannot make (collectives, pairs, pipeline stages), which
-ArgusStragglerRank and ArgusLinkDegraded read.
+``argus_phase_straggler_ratio{job,rank,host,dp,tp,pp,ep,phase,axis,kind}``: every L2
+finding of the core (``--l2-findings beyond-promql``: only those the ``promql`` recording
+rules cannot make: collectives, pairs, pipeline stages), which ArgusStragglerRank and
+ArgusLinkDegraded read; and the statistics the core's L2 judged with, which the recording
+rules rename for the dashboards: ``argus_l2_group_median_seconds`` and
+``argus_l2_group_threshold_seconds{job,axis,phase,<the group's other coordinates>}``,
+``argus_l2_log_ratio_scale{job,axis,phase}``, ``argus_l2_z_family{job}`` and
+``argus_scorer_l2_tests{job}``.
 
 Nothing stale, nothing guessed: a job whose queries fail this round is published with nothing
 (its old results are dropped), a rank without summaries gets no score and is counted in
@@ -27,7 +32,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from argus_core.schema import AXES
-from argus_core.score.core_adapter import Judgement, judge
+from argus_core.score.core_adapter import L2_FINDINGS, L2_FINDINGS_ALL, Judgement, judge
 from argus_core.score.prometheus import PrometheusAPI, QueryError
 from argus_core.score.snapshot import fetch_job, list_jobs
 
@@ -49,8 +54,12 @@ class ScoreConfig:
     rate_window: str = "2m"  # steps per second of each rank, over this window
     timeout_s: float = 30.0
     selector: str = ""  # extra matchers on the processors' and exporters' series
+    l2_findings: str = L2_FINDINGS_ALL  # which L2 findings to publish (core_adapter)
 
     def __post_init__(self) -> None:
+        if self.l2_findings not in L2_FINDINGS:
+            raise ValueError(f"--l2-findings {self.l2_findings!r}: expected one of "
+                             f"{', '.join(L2_FINDINGS)}")
         if not 0 <= self.shard < self.shards:
             raise ValueError(f"--shard {self.shard}/{self.shards}: expected I/N with "
                              f"0 <= I < N")
@@ -109,7 +118,7 @@ class Scorer:
                 logger.warning("argus score: job %r left out this round: %s", job, exc)
                 jobs_failed += 1
                 continue
-            judgements[job] = judge(snapshot, self.config.peer_axis)
+            judgements[job] = judge(snapshot, self.config.peer_axis, self.config.l2_findings)
         ok = jobs is not None and jobs_failed == 0
         self.published = Published(
             judgements=judgements,
@@ -159,11 +168,22 @@ class Scorer:
         phases = GaugeMetricFamily(
             "argus_phase_straggler_ratio", "A rank's phase time over its group's median (its "
             "partner's for a pair; collectives: transfer time, waiting for late arrivers "
-            "removed), for L2 findings the recording rules cannot make.",
+            "removed), for each L2 finding of the core.",
             labels=["job", "rank", "host", *AXES, "phase", "axis", "kind"])
         tests = GaugeMetricFamily("argus_scorer_l2_tests", "Statistics the core's L2 judged "
                                   "for the job (the N of its family-wise threshold).",
                                   labels=["job"])
+        median, threshold = (GaugeMetricFamily(
+            f"argus_l2_group_{what}_seconds", f"{doc} of the axis group (labels: its other "
+            f"coordinates) in a compute phase, from the core's L2 (groups of three or more).")
+            for what, doc in (("median", "Median phase time"),
+                              ("threshold", "Phase time from which a member is a finding")))
+        scale = GaugeMetricFamily("argus_l2_log_ratio_scale", "Spread of ln(time / group "
+                                  "median) pooled over the axis's groups (never below the "
+                                  "core's scale floor).", labels=["job", "axis", "phase"])
+        z_family = GaugeMetricFamily("argus_l2_z_family", "The z every L2 statistic of the "
+                                     "job must reach: max(z threshold, Phi^-1(1 - alpha / N)).",
+                                     labels=["job"])
         unscored = GaugeMetricFamily("argus_scorer_unscored_ranks", "Ranks known to a "
                                      "processor that got no score this round (no summaries "
                                      "or too few peers).", labels=["job"])
@@ -183,9 +203,18 @@ class Scorer:
                 phases.add_metric([job, str(f.rank), f.labels["host"],
                                    *(f.labels[a] for a in AXES), f.phase, f.axis, f.kind],
                                   min(f.ratio, 1e6))
+            for row in judgement.groups:  # label sets differ by axis: samples by hand
+                labels = {"job": job, "axis": row.axis, "phase": row.phase, **row.labels}
+                median.add_sample(median.name, labels, row.median)
+                threshold.add_sample(threshold.name, labels, row.threshold)
+            for axis, phase, value in judgement.scales:
+                scale.add_metric([job, axis, phase], value)
+            if judgement.l2_tests:
+                z_family.add_metric([job], judgement.z_family)
             tests.add_metric([job], judgement.l2_tests)
             unscored.add_metric([job], len(judgement.unscored))
-        yield from (score, straggler, verdict, wait, phases, tests, unscored)
+        yield from (score, straggler, verdict, wait, phases, median, threshold, scale,
+                    z_family, tests, unscored)
 
         def gauge(name: str, doc: str, value: float):
             family = GaugeMetricFamily(name, doc)

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from argus_core.rules.config import RulesConfig, format_duration, load_config
+from argus_core.rules.config import L2_SCORER, RulesConfig, format_duration, load_config
 from argus_core.stack.configs import write_configs
 from argus_core.stack.processes import Process, StackError, free_port, start, wait_ready
 
@@ -190,7 +190,10 @@ def up(config: StackConfig) -> Stack:
                     f"{host}:{ports['scorer']}", "--interval", f"{window_s:g}",
                     "--window", f"{window_s:g}",
                     "--rate-window", format_duration(rules.rate_window),
-                    "--timeout", f"{max(window_s, 2.0):g}"], url["scorer"] + "/metrics"),
+                    "--timeout", f"{max(window_s, 2.0):g}",
+                    # the rules' L2 source decides which L2 findings the scorer publishes
+                    "--l2-findings", "all" if rules.l2_source == L2_SCORER else "beyond-promql"],
+                   url["scorer"] + "/metrics"),
         "prometheus": ([binary("prometheus"), f"--config.file={files['prometheus']}",
                         f"--storage.tsdb.path={workdir / 'prometheus-data'}",
                         f"--web.listen-address={host}:{ports['prometheus']}",
