@@ -151,6 +151,8 @@ def pipeline_alerts(config: RulesConfig) -> list[dict]:
     own scrapes (``up == 0``) and Vector's remote write, where Prometheus has no ``up`` for
     them: a rank (a processor) whose series stopped while the rest of its job still reports
     (within ``silent_window``; without staleness markers they vanish after the 5 m lookback).
+    Ranks are remembered by the recorded ``rank:argus_steps:last_seen_timestamp`` (a
+    Prometheus down longer than the 5 m lookback forgets the ranks that died before it).
     A target that ``up`` already reports down is not reported twice."""
     sel = config.selectors
     stale = format_duration(config.scorer_stale_after)
@@ -166,7 +168,7 @@ def pipeline_alerts(config: RulesConfig) -> list[dict]:
                f"{exporters_down}\n"
                "or\n"
                "(\n"
-               f"  group by (job, rank, host, instance) (last_over_time({steps}[{silent}]))\n"
+               "  group by (job, rank, host, instance) (rank:argus_steps:last_seen_timestamp)\n"
                f"  unless on (job, rank) {steps}\n"
                f"  unless on (instance) {exporters_down}\n"
                ")\n"

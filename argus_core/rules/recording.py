@@ -106,6 +106,14 @@ def l1_group(config: RulesConfig) -> dict:
         _record("job:argus_step_window_seconds:median",
                 f"max by (job) ({select(window, STAT_MEDIAN, sel)})"),
         _record("job:argus_steps:min", f"min by (job) ({steps})"),
+        # When each rank last reported (the scrape's timestamp), kept by reading this series'
+        # own previous value once the rank's counter is gone, for `silent_window`: what
+        # ArgusExporterDown compares the live counters with. One instant read of every rank
+        # instead of a `last_over_time` over `silent_window` of samples (240 a rank at 15 s).
+        _record("rank:argus_steps:last_seen_timestamp",
+                f"max by (job, rank, host, instance) (timestamp({steps}))\n"
+                "or\n"
+                f"rank:argus_steps:last_seen_timestamp > time() - {config.silent_window:g}"),
         _record("job:argus_iteration_spike:ratio",
                 "job:argus_step_window_seconds:max / job:argus_step_window_seconds:median\n"
                 f"and on (job) job:argus_steps:min >= {config.judged_steps}"),

@@ -546,6 +546,17 @@ def down_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
         tests.append(_test(config, f"ArgusExporterDown ({mode}): one rank's exporter stops",
                            series, alerts=_fires(config, "ArgusExporterDown", onset, for_s,
                                                  expected)))
+        if not scraped:  # a rank silent for longer than `silent_window` is forgotten
+            fired = onset + _for_intervals(config, for_s) + 1
+            forgotten = down_at + math.ceil(config.silent_window / config.evaluation_interval)
+            total = forgotten + 2
+            series = [Series(s.name, s.labels, s.values[:down_at] + stop(total - down_at)
+                             if rank == 2 else [100.0 + k for k in range(total)])
+                      for rank, s in enumerate(series)]  # the three ranks above
+            tests.append(_test(
+                config, "ArgusExporterDown (remote write): forgotten after silent_window",
+                series, alerts=[_check(config, fired, "ArgusExporterDown", expected),
+                                _check(config, total - 1, "ArgusExporterDown", [])]))
         # A finished job (every rank stops) is not an exporter failure.
         series = [Series("argus_steps_total", rank_labels(config, "done", rank),
                          [100.0, 101.0, *stop(samples - 2)]) for rank in range(2)]
