@@ -172,7 +172,10 @@ def rule_levels(rule_files: list[Path]) -> list[list[dict]]:
             return depth[index]
         if index in seen:
             raise PrometheusError(f"recording rules form a cycle at {rules[index]['record']}")
-        reads = set(_NAME.findall(_without_strings(rules[index]["expr"]))) & recorded
+        # a rule reading its own previous output (a remembered value) is not its own parent:
+        # backfilled, that branch is simply empty
+        reads = (set(_NAME.findall(_without_strings(rules[index]["expr"]))) & recorded
+                 - {rules[index]["record"]})
         parents = [i for i, rule in enumerate(rules) if rule["record"] in reads]
         depth[index] = 1 + max((level(i, seen | {index}) for i in parents), default=-1)
         return depth[index]
