@@ -6,7 +6,8 @@
 Replays the dashboards' scenario (argus_grafana.scenario: a job with a host stall and a compute
 straggler beside a healthy one, a processor outage, malformed records) through the real
 exporter collectors and processor into Debian's Prometheus, backfills the recording rules if
-given (default: the checkout's recording_rules/*.yml), and draws each dashboard with
+given (default: the checkout's rules generated with ``l2_source: promql``, as no scorer runs
+over a backfilled history), and draws each dashboard with
 matplotlib (argus_grafana.render). Panels needing the scorer, live alerts or scrape series are
 drawn grey with the reason. Prints the time each stage took and how many panels were drawn.
 """
@@ -41,12 +42,14 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "docs" / "dashboards"))
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--rules", nargs="*", type=Path, default=None,
-                        help="recording-rule files to backfill (default: recording_rules/)")
+                        help="recording-rule files to backfill (default: the checkout's, "
+                        "l2_source promql)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    rules = check.rule_files(ROOT) if args.rules is None else args.rules
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as workdir:
+        rules = (check.backfill_rule_files(ROOT, Path(workdir)) if args.rules is None
+                 else args.rules)
         replay = scenario.replay(workdir, minutes=args.minutes, rule_files=rules)
         replayed = time.perf_counter()
         try:

@@ -273,3 +273,18 @@ def rule_files(root: Path) -> list[Path]:
     directory = root / "recording_rules"
     return sorted(p for p in directory.glob("*.yml") if p.name != "defaults.yml") \
         if directory.is_dir() else []
+
+
+def backfill_rule_files(root: Path, workdir: Path) -> list[Path]:
+    """The recording rules to backfill over a replayed history, written into ``workdir``: the
+    checkout's rules generated with ``l2_source: promql``, since no scorer runs over a
+    backfilled history (the default ``scorer`` mode would leave the L2 panels without data).
+    Empty when the checkout has no recording rules."""
+    if not rule_files(root):
+        return []
+    from argus_core.rules.config import L2_PROMQL, RulesConfig
+    from argus_core.rules.generate import RULES_FILE, rendered
+
+    path = Path(workdir) / "argus.rules.yml"
+    path.write_text(rendered(RulesConfig(l2_source=L2_PROMQL))[RULES_FILE])
+    return [path]

@@ -219,8 +219,9 @@ RANK_GROUP_THRESHOLD = (f"{GROUP_THRESHOLD} and ignoring (rank, axis, $axis)"
 """Where the L2 rules would flag the selected rank, per phase."""
 SCORER_PHASE_FINDINGS = (f"max by (rank, phase, axis, kind)"
                          f" (argus_phase_straggler_ratio{{{JOB}}})")
-"""The L2 findings PromQL cannot make, from the scorer: pipeline stages compared where they do
-alike work, pairs decided by who waits, collectives judged on transfer time (waiting removed)."""
+"""Every L2 finding of the core, from the scorer: ranks against their group on every axis,
+pipeline stages compared where they do alike work, pairs decided by who waits, collectives
+judged on transfer time (waiting removed)."""
 
 HOST_SECONDS_PER_STEP = (
     f"(rate(argus_step_seconds_total{{{JOB}}}[{RATE}])"

@@ -280,6 +280,9 @@ class Renderer:
         rows = sorted({s.labels.get(row_field, "") for s in series},
                       key=lambda v: int(v) if v.isdigit() else v)
         columns = sorted({s.labels.get(column_field, "") for s in series})
+        if not rows or not columns:
+            ax.text(0.5, 0.5, "No data", ha="center", va="center", color="grey")
+            return
         value = {(s.labels.get(row_field), s.labels.get(column_field)): s.values[-1]
                  for s in series}
         cells = [[_format(value.get((r, c), math.nan), unit) for c in columns] for r in rows]

@@ -4,7 +4,8 @@ A rank x phase matrix of the ratio to the group median along ``$axis`` (the rank
 from it only on that axis), the same over time, the worst ranks with their robust z and the
 scorer's verdict, and for ``$rank`` its phases against its group's median. Host time and
 waiting measured from arrival skew tell host stalls and late arrivals apart from slow compute;
-the scorer's findings cover what PromQL cannot judge (pipeline stages, pairs, collectives).
+the scorer's findings table lists every L2 finding of the core, including what PromQL cannot
+judge (pipeline stages, pairs, collectives).
 """
 
 from __future__ import annotations
@@ -77,11 +78,12 @@ def build() -> dm.Dashboard:
              p.query(q.RANK_GROUP_THRESHOLD, "flagged above {{phase}}", ref="C")],
             w=24, h=9, minimum=0))
         .with_panel(p.table(
-            "Scorer's L2 findings: stages, pairs, collectives", "What PromQL cannot judge, "
-            "from the scorer (the core's own L2): pipeline stages compared only where they do "
-            "alike work, pairs decided by who waits, and collectives judged on their transfer "
-            "time with the waiting for late arrivers removed (kind communication: suspect the "
-            "link). Empty when nothing is found.", "x",
+            "Scorer's L2 findings: every rank and phase the core flags", "Every L2 finding "
+            "of the core's own L2, from the scorer, with its axis and kind: ranks slow against "
+            "their group on any axis, pipeline stages compared only where they do alike work, "
+            "pairs decided by who waits, and collectives judged on their transfer time with "
+            "the waiting for late arrivers removed (kind communication: suspect the link). "
+            "Empty when nothing is found.", "x",
             [p.query(q.SCORER_PHASE_FINDINGS, instant=True, table=True)],
             steps=RATIO_STEPS, colored=True, w=24, h=7, links=[rank_drill, to_kernels],
             transformations=[p.transformation("organize", excludeByName={"Time": True},

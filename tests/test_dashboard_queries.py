@@ -40,14 +40,7 @@ def _rule_files(workdir: Path) -> list[Path]:
     named = os.environ.get("ARGUS_RECORDING_RULES")
     if named:
         return [Path(p) for p in named.split(os.pathsep)]
-    if not check.rule_files(ROOT):
-        return []
-    from argus_core.rules.config import L2_PROMQL, RulesConfig
-    from argus_core.rules.generate import RULES_FILE, rendered
-
-    path = workdir / "argus.rules.yml"
-    path.write_text(rendered(RulesConfig(l2_source=L2_PROMQL))[RULES_FILE])
-    return [path]
+    return check.backfill_rule_files(ROOT, workdir)
 
 
 @pytest.fixture(scope="module")

@@ -131,9 +131,7 @@ def test_every_dashboard_query_has_data_on_the_live_stack(stack):
     nothing_wrong = {  # panel [query]: why it has nothing to show on this stack
         "Exporter drops [A]": "no exporter drops a record",
         "Processor rejected records [A]": "the processor rejects nothing",
-        "Probe states [A]": "simulated jobs run no kernel or stack probe",
-        "Scorer's L2 findings: stages, pairs, collectives [A]": "no pipeline-stage, pair or "
-        "collective finding (the link job's two TP groups are too few to compare)"}
+        "Probe states [A]": "simulated jobs run no kernel or stack probe"}
     scrape_s = StackConfig(stack.workdir).rules.scrape_interval  # the fixture's time scale
     rate = format_duration(4 * scrape_s)  # Grafana's $__rate_interval: 4 scrape intervals
     outcomes: dict[tuple[str, str], list[check.Outcome]] = {}
