@@ -13,8 +13,6 @@ reject still names its line and field.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import gzip
 import io
 import itertools
@@ -29,6 +27,7 @@ from typing import BinaryIO
 import numpy as np
 import orjson
 
+from argus_core.gcpause import cycle_collection_paused
 from argus_core.schema import KERNEL_COLUMNS, SchemaError, parse_record
 from argus_core.trace import Trace, TraceBuilder
 
@@ -134,27 +133,13 @@ def load_traces(paths: Iterable[str | Path],
         raise InputError("no trace files found (looked for *.ndjson, *.jsonl, *.json, and .gz)")
     builder = TraceBuilder()
     result = LoadResult(traces={})
-    with _cycle_collection_paused():
+    with cycle_collection_paused():
         _read(sources, builder, result, progress)
     if not result.traces:
         where = ", ".join(sources[:3]) + (" ..." if len(sources) > 3 else "")
         detail = f"; first problem: {result.rejects[0]}" if result.rejects else ""
         raise InputError(f"no valid trace records in {where}{detail}")
     return result
-
-
-@contextlib.contextmanager
-def _cycle_collection_paused():
-    """Decoded JSON holds no reference cycles, yet its millions of new containers make the
-    cyclic garbage collector walk the heap over and over (a third of reading time): pause it
-    while reading. Reference counting still frees everything."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _read(sources: list[str], builder: TraceBuilder, result: LoadResult,

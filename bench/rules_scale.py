@@ -255,18 +255,29 @@ def rule_durations(url: str) -> dict[str, float]:
     return {r["metric"]["rule_group"].split(";")[-1]: float(r["value"][1]) for r in result}
 
 
-def slowest_rules(url: str, top: int = 12) -> list[str]:
-    """The rules whose last evaluation took longest (``/api/v1/rules``' ``evaluationTime``),
-    as ``group/name{axis}: seconds``: where an optimisation pays."""
+def rule_times(url: str) -> dict[str, float]:
+    """Each rule's last evaluation time (``/api/v1/rules``' ``evaluationTime``), by
+    ``group/name{axis}``."""
     with urllib.request.urlopen(f"{url}/api/v1/rules", timeout=60) as answer:
         groups = json.load(answer)["data"]["groups"]
-    timed = []
+    timed = {}
     for group in groups:
         for rule in group["rules"]:
             axis = (rule.get("labels") or {}).get("axis")
             name = f"{group['name']}/{rule['name']}" + (f"{{{axis}}}" if axis else "")
-            timed.append((float(rule.get("evaluationTime", 0.0)), name))
-    return [f"{name}: {seconds:.3f}" for seconds, name in sorted(timed, reverse=True)[:top]]
+            timed[name] = float(rule.get("evaluationTime", 0.0))
+    return timed
+
+
+def slowest_rules(samples: list[dict[str, float]], top: int = 12) -> list[str]:
+    """The rules with the longest median evaluation time over the sampled rounds, as
+    ``group/name{axis}: seconds``: where an optimisation pays. Taken while the rules are
+    measured, not after (the scorer's fetch that follows loads Prometheus too)."""
+    names = {name for sample in samples for name in sample}
+    medians = {name: float(np.median([s[name] for s in samples if name in s]))
+               for name in names}
+    return [f"{name}: {seconds:.3f}"
+            for name, seconds in sorted(medians.items(), key=lambda kv: -kv[1])[:top]]
 
 
 def missed(url: str) -> float:
@@ -308,8 +319,9 @@ def api_answers(summary) -> tuple[bytes, bytes]:
 def scorer_compute(ranks: int, kernels: int) -> dict:
     """Parse and compute time of one scorer round at ``ranks`` x ``kernels``, fetched (as the
     scorer fetches) one peer set (pipeline stage) at a time."""
+    from argus_core.gcpause import cycle_collection_paused
     from argus_core.score.prometheus import read_columns
-    from argus_core.score.snapshot import SUMMARY_INTS, SUMMARY_TEXTS, concat, no_gc
+    from argus_core.score.snapshot import SUMMARY_INTS, SUMMARY_TEXTS, concat
 
     summary = synthetic_summaries(ranks, kernels, slow={SLOW_RANK: 2.0})
     topology = topology_for(ranks)
@@ -322,7 +334,7 @@ def scorer_compute(ranks: int, kernels: int) -> dict:
         t0 = time.perf_counter()
         answers = api_answers(summary.take(stage[summary.rank] == position))
         render_s += time.perf_counter() - t0
-        with no_gc():  # as the scorer decodes (score/snapshot.py)
+        with cycle_collection_paused():  # as the scorer decodes (score/snapshot.py)
             t0 = time.perf_counter()
             (executions, e_json), (durations, d_json) = (
                 read_columns("bench", answers[0], SUMMARY_INTS, ("kernel",)),
@@ -422,7 +434,7 @@ def main() -> None:
                                  f"--web.listen-address=127.0.0.1:{prom_port}"],
                                 stdout=subprocess.DEVNULL, stderr=log)
     try:
-        sums, amortized, warm = [], [], 150.0
+        sums, amortized, per_rule, warm = [], [], [], 150.0
         intervals = group_intervals(rules)
         deadline = time.monotonic() + args.minutes * 60
         started = time.monotonic()
@@ -433,6 +445,7 @@ def main() -> None:
             except OSError:
                 continue
             if time.monotonic() - started >= warm and durations:
+                per_rule.append(rule_times(url))
                 sums.append(sum(durations.values()))
                 amortized.append(sum(d * 15.0 / intervals.get(g, 15.0)
                                      for g, d in durations.items()))
@@ -451,11 +464,12 @@ def main() -> None:
             "rule_eval_seconds": max(sums) if sums else float("nan"),
             "rule_eval_seconds_median": float(np.median(sums)) if sums else float("nan"),
             "rule_eval_seconds_per_15s": max(amortized) if amortized else float("nan"),
+            "rule_eval_seconds_samples": [round(x, 2) for x in sums],
             "evaluations_sampled": len(sums),
             "missed_iterations": missed(url),
             "groups": {g: round(d, 3) for g, d in sorted(last.items(), key=lambda kv: -kv[1])}
             if sums else {},
-            "slowest_rules": slowest_rules(url),
+            "slowest_rules": slowest_rules(per_rule),
             "baseline_count_seconds": count_s,
             "ratio_to_count_baseline": (max(sums) / count_s) if sums else float("nan"),
             "head_series": int(series),

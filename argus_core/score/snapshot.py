@@ -19,13 +19,12 @@ The kernel summaries (millions of series) are decoded straight into columns
 
 from __future__ import annotations
 
-import contextlib
-import gc
 from dataclasses import dataclass, field
 from operator import itemgetter, methodcaller
 
 import numpy as np
 
+from argus_core.gcpause import cycle_collection_paused
 from argus_core.schema import AXES
 from argus_core.score.prometheus import PrometheusAPI, quote_label
 from argus_core.score.vector_columns import VectorColumns
@@ -60,19 +59,6 @@ class JobSnapshot:
     def known_ranks(self) -> set[int]:
         """Ranks that announced themselves to a processor."""
         return set(self.coords)
-
-
-@contextlib.contextmanager
-def no_gc():
-    """Pause the cyclic garbage collector: decoding millions of series allocates millions of
-    dicts, and each collection would walk them all again (3x slower at 10,000 ranks)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def label_columns(result: list[dict], names: tuple[str, ...]) -> tuple[list[list[str]],
@@ -251,7 +237,8 @@ def fetch_summaries(api: PrometheusAPI, match: str, coords: dict[int, tuple[int,
     names: dict[str, int] = {}
     parts = []
     for where in filters:
-        with no_gc():  # an answer read as JSON (the fallback) is a dict per series
+        # an answer read as JSON (the fallback) is a dict per series
+        with cycle_collection_paused():
             executions = api.query_columns(f"argus_kernel_executions{{{match}}}{where}",
                                            SUMMARY_INTS, ("kernel",))
             durations = api.query_columns(f"argus_kernel_duration_seconds{{{match}}}{where}",
