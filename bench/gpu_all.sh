@@ -21,6 +21,7 @@
 # Writes under $OUT (./gpu-out when OUT is unset): gpu_all.json (summary: exit codes, times,
 # wheels, shim, nvidia-smi), gpu_kernels_check.json, gpu_overhead.json, gpu_all.log.
 # Exit status: 0 when both checks are ok, 1 otherwise, 2 when there is no GPU.
+# GPU_OVERHEAD_ARGS passes options to gpu_overhead.py, e.g. "--steps 200 --rounds 3".
 set -u
 cd "$(dirname "$0")/.."
 START=$(date +%s)
@@ -74,8 +75,9 @@ timeout -k 10 $((KERNELS_S + 30)) "$PY" bench/gpu_kernels_check.py --deadline-s 
 KERNELS_RC=$?
 OVERHEAD_S=$(( $(left) - 30 ))
 say "gpu_kernels_check exit $KERNELS_RC; gpu_overhead (deadline ${OVERHEAD_S} s)"
+# shellcheck disable=SC2086  # GPU_OVERHEAD_ARGS is a list of options, split on purpose
 timeout -k 10 $((OVERHEAD_S + 20)) "$PY" bench/gpu_overhead.py --deadline-s "$OVERHEAD_S" \
-    --out "$OUT/gpu_overhead.json" >/dev/null
+    --out "$OUT/gpu_overhead.json" ${GPU_OVERHEAD_ARGS:-} >/dev/null
 OVERHEAD_RC=$?
 say "gpu_overhead exit $OVERHEAD_RC"
 

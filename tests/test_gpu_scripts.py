@@ -89,7 +89,8 @@ def test_overhead_dry_run_runs_the_abba_rounds_on_cpu(plain_env, tmp_path):
     assert result["argus_exporters"].endswith("(plain checkout)")
     for kind in ("launch_heavy", "gemm_heavy"):
         assert result[kind]["rounds"] == 1
-        assert set(result[kind]) >= {"all_on_overhead_pct", "phases_only_overhead_pct"}
+        assert set(result[kind]) >= {"all_on_overhead_pct", "defaults_overhead_pct",
+                                     "phases_only_overhead_pct", "defaults_meets_target"}
     assert result["probes"]["kernels"][0] == "unavailable"  # no CUDA: said, not crashed
     assert result["records_shipped"] > 0 and not result["dropped"]
     assert json.loads(out.read_text()) == result
@@ -115,3 +116,17 @@ def test_gpu_all_without_a_gpu_writes_why_under_out(plain_env, tmp_path):
     assert {p.name for p in tmp_path.iterdir()} >= {
         "gpu_all.json", "gpu_all.log", "gpu_kernels_check.json", "gpu_overhead.json"}
     assert summary["elapsed_s"] < 480
+
+
+def test_gpu_all_passes_its_overhead_options_through(plain_env, tmp_path):
+    """GPU_OVERHEAD_ARGS reaches gpu_overhead.py (longer segments for the next device run):
+    an option it does not know is refused by name in the log, and the summary still says so."""
+    env = {**plain_env, "OUT": str(tmp_path), "PYTHON": sys.executable,
+           "GPU_OVERHEAD_ARGS": "--steps 7 --no-such-option"}
+    done = subprocess.run(["bash", str(BENCH / "gpu_all.sh")], capture_output=True, text=True,
+                          env=env, timeout=300, check=False)
+    log = (tmp_path / "gpu_all.log").read_text()
+    assert "unrecognized arguments: --no-such-option" in log, log[-3000:]
+    assert "--steps" not in log.split("unrecognized arguments:")[1].splitlines()[0]
+    summary = json.loads((tmp_path / "gpu_all.json").read_text())
+    assert summary["exit"]["gpu_overhead"] == 2 and done.returncode != 0
