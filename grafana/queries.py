@@ -25,6 +25,7 @@ import re
 
 from argus_core.detect.l3 import L3Config
 from argus_core.rules.config import RulesConfig, format_duration
+from argus_core.rules.recording import GROUP_STATISTICS, group_statistic
 from argus_exporters.config import Settings
 
 EXPORTER, PROCESSOR, RULES, SCORER, ALERTS, PROMETHEUS = (
@@ -86,6 +87,10 @@ METRICS: dict[str, str] = {
     "job:argus_iteration_regression:ratio": RULES,
     "axis_group:argus_phase_seconds:median": RULES,
     "axis_group:argus_phase_seconds:threshold": RULES,
+    # ... or, with l2_source: scorer, the scorer's own (the fallback of GROUP_MEDIAN and
+    # GROUP_THRESHOLD, so they need the rules' source only: see FALLBACKS)
+    "argus_l2_group_median_seconds": SCORER,
+    "argus_l2_group_threshold_seconds": SCORER,
     "job_phase:argus_phase_log_ratio:scale": RULES,
     "job:argus_l2_z:family": RULES,
     # alert rules (alerting/argus.alerts.yml): Prometheus's ALERTS series
@@ -114,9 +119,15 @@ def metric_names(expr: str) -> set[str]:
     return {token for token in _NAME.findall(_strip_strings(expr)) if token in METRICS}
 
 
+FALLBACKS = {published: recorded for recorded, published in GROUP_STATISTICS.values()}
+"""Scorer series a query reads only where the recorded series before it in an ``or`` is
+missing: the query needs the recorded series' source (a Prometheus with either answers)."""
+
+
 def sources(expr: str) -> set[str]:
     """The components a query needs (exporter, processor, rules, scorer, alerts, prometheus)."""
-    return {METRICS[name] for name in metric_names(expr)}
+    names = metric_names(expr)
+    return {METRICS[name] for name in names if FALLBACKS.get(name) not in names}
 
 
 def _strip_strings(expr: str) -> str:
@@ -187,10 +198,12 @@ PHASE_SECONDS = (f'max by ({RANK_KEY}) (argus_phase_window_seconds{{{JOB}, stat=
 RANK_PHASE_SECONDS = (f'max by ({RANK_KEY}) (argus_phase_window_seconds{{{JOB},'
                       f' stat="median", rank="$rank"}})')
 
-GROUP_MEDIAN = f'axis_group:argus_phase_seconds:median{{{JOB}, axis="$axis"}}'
-GROUP_THRESHOLD = f'axis_group:argus_phase_seconds:threshold{{{JOB}, axis="$axis"}}'
-"""Per group and compute phase, the time above which the L2 rules flag a rank (the group median
-x max(min ratio, exp(z x scale)), the z family-wise over the whole job)."""
+GROUP_MEDIAN = group_statistic("median", f'{JOB}, axis="$axis"')
+"""Per $axis group and compute phase, the group's median: recorded by the L2 rules
+(``l2_source: promql``) or the scorer's own series (``scorer``, not re-recorded)."""
+GROUP_THRESHOLD = group_statistic("threshold", f'{JOB}, axis="$axis"')
+"""Per group and compute phase, the time above which L2 flags a rank (the group median
+x max(min ratio, exp(z x scale)), the z family-wise over the whole job), from the same place."""
 LOG_RATIO_SCALE = f'job_phase:argus_phase_log_ratio:scale{{{JOB}, axis="$axis"}}'
 """Per compute phase, the robust spread of ln(time / group median) pooled over the $axis
 groups (never below the core's scale floor)."""
@@ -202,8 +215,8 @@ never below the core's z threshold."""
 _TO_GROUP = "ignoring (rank, axis, $axis) group_left"
 
 PHASE_RATIO = f"{PHASE_SECONDS} / {_TO_GROUP} {GROUP_MEDIAN}"
-"""Each rank's compute-phase time over its $axis group's median (recorded by the L2 rules;
-communication phases have no median there: waiting is not slowness)."""
+"""Each rank's compute-phase time over its $axis group's median (the scorer's or the L2
+rules'; communication phases have no median there: waiting is not slowness)."""
 PHASE_ROBUST_Z = (f"ln({PHASE_SECONDS} / {_TO_GROUP} {GROUP_MEDIAN})"
                   f" / on (job, phase) group_left {LOG_RATIO_SCALE}")
 """Each rank's robust z in the core's units: ln(time / group median) over the pooled spread."""
@@ -216,7 +229,7 @@ RANK_GROUP_MEDIAN = f"{GROUP_MEDIAN} and ignoring (rank, axis, $axis) {RANK_PHAS
 """The median of the selected rank's $axis group, per phase (to draw beside the rank's own)."""
 RANK_GROUP_THRESHOLD = (f"{GROUP_THRESHOLD} and ignoring (rank, axis, $axis)"
                         f" {RANK_PHASE_SECONDS}")
-"""Where the L2 rules would flag the selected rank, per phase."""
+"""Where L2 would flag the selected rank, per phase."""
 SCORER_PHASE_FINDINGS = (f"max by (rank, phase, axis, kind)"
                          f" (argus_phase_straggler_ratio{{{JOB}}})")
 """Every L2 finding of the core, from the scorer: ranks against their group on every axis,

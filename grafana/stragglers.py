@@ -50,7 +50,7 @@ def build() -> dm.Dashboard:
         .with_panel(p.table(
             "Worst ranks", "The ten slowest (rank, phase) pairs against their $axis group: the "
             "ratio, the robust z (ln(time / group median) over the spread pooled across the $axis "
-            "groups, both recorded by the L2 rules) and the scorer's verdict for the rank. "
+            "groups, both the core's L2 statistics) and the scorer's verdict for the rank. "
             "Click a rank to drill down.", "x",
             [p.query(q.WORST_RANKS, instant=True, table=True, ref="A"),
              p.query(q.WORST_RANKS_Z, instant=True, table=True, ref="B"),
@@ -71,8 +71,8 @@ def build() -> dm.Dashboard:
         .with_panel(p.timeseries(
             "Rank $rank: phases against its $axis group median", "The selected rank's "
             "compute-phase times, its $axis group's median per phase and the time above which "
-            "the L2 rules flag it (all recorded by the L2 rules). A rank that crosses its "
-            "threshold and stays there is a straggler.", "s",
+            "L2 flags it (the scorer's, or the L2 rules' with l2_source: promql). A rank that "
+            "crosses its threshold and stays there is a straggler.", "s",
             [p.query(q.RANK_PHASE_SECONDS, "rank $rank {{phase}}", ref="A"),
              p.query(q.RANK_GROUP_MEDIAN, "group median {{phase}}", ref="B"),
              p.query(q.RANK_GROUP_THRESHOLD, "flagged above {{phase}}", ref="C")],

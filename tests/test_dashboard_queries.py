@@ -6,10 +6,10 @@ Queries that read the recording rules, the scorer, live alerts or scrape series 
 with their reason unless this Prometheus holds them: the recording rules are backfilled too
 when the checkout has ``recording_rules/*.yml`` (or ``ARGUS_RECORDING_RULES`` names rule
 files), so the same test checks more as the rules land. A backfilled history has no scorer,
-so its L2 statistics are recorded by the ``l2_source: promql`` rules (the default ``scorer``
-mode renames the scorer's series to the same names and labels: the generated promtool test
-``recording_rules/tests/statistics.test.yml`` checks that, and tests/test_stack_e2e.py runs
-every dashboard query against a live scorer).
+so its L2 statistics are recorded by the ``l2_source: promql`` rules (in the default ``scorer``
+mode the dashboards read the scorer's own series with the same labels: the generated promtool
+test ``recording_rules/tests/statistics.test.yml`` checks that, and tests/test_stack_e2e.py
+runs every dashboard query against a live scorer).
 """
 
 from __future__ import annotations

@@ -46,6 +46,10 @@ them, and the closest causal equivalent where it cannot:
   and every collective comparison (waiting measured from arrival skew needs the phases in
   step order, ``argus_phase_order_info``; the scorer also publishes it per rank as
   ``argus_rank_wait_seconds``). The alerts take the union.
+- With ``l2_source: scorer`` (the default) no L2 runs in PromQL: the scorer runs the core's L2
+  on every axis, ArgusStragglerRank reads its findings, and ``argus.l2`` records only its small
+  statistics (``l2_scorer_group``); the groups' medians and thresholds are read from the
+  scorer where they are shown (``group_statistic``).
 """
 
 from __future__ import annotations
@@ -163,24 +167,40 @@ def l1_trend_group(config: RulesConfig) -> dict:
 
 
 # The scorer's L2 statistics -> the names the dashboards and alerts read (l2_source scorer),
-# with the labels that identify them (an axis group: its other coordinates).
+# with the labels that identify them: the small ones, per job or per axis and phase.
 SCORER_L2 = (
-    ("axis_group:argus_phase_seconds:median", "argus_l2_group_median_seconds",
-     f"job, axis, phase, {', '.join(AXES)}"),
-    ("axis_group:argus_phase_seconds:threshold", "argus_l2_group_threshold_seconds",
-     f"job, axis, phase, {', '.join(AXES)}"),
     ("job_phase:argus_phase_log_ratio:scale", "argus_l2_log_ratio_scale", "job, axis, phase"),
     ("job:argus_l2_z:family", "argus_l2_z_family", "job"),
     ("job:argus_l2_tests:count", "argus_scorer_l2_tests", "job"),
 )
+# Per axis group and phase, the statistic's recorded name (l2_source promql) and the scorer's
+# own series: not re-recorded in scorer mode (one series per group and phase, ~20,000 at
+# 10,000 ranks); ``group_statistic`` reads whichever the Prometheus holds.
+GROUP_STATISTICS = {
+    "median": ("axis_group:argus_phase_seconds:median", "argus_l2_group_median_seconds"),
+    "threshold": ("axis_group:argus_phase_seconds:threshold",
+                  "argus_l2_group_threshold_seconds"),
+}
+GROUP_KEY = f"job, axis, phase, {', '.join(AXES)}"
+"""What identifies an axis group's statistic (a coordinate the group lacks is no label)."""
+
+
+def group_statistic(statistic: str, matchers: str) -> str:
+    """PromQL for each axis group's ``median`` or ``threshold`` per compute phase, in either L2
+    mode: the ``promql`` rules' recorded series or, where there is none, the scorer's own,
+    both reduced to ``GROUP_KEY`` (``matchers``: the inside of a selector, e.g.
+    ``job="x", axis="dp"``)."""
+    recorded, published = GROUP_STATISTICS[statistic]
+    return (f"max by ({GROUP_KEY}) ({recorded}{{{matchers}}}"
+            f" or on ({GROUP_KEY}) {published}{{{matchers}}})")
 
 
 def l2_scorer_group(config: RulesConfig) -> dict:
-    """``l2_source: scorer``: the core's L2 statistics, as the scorer publishes them, under
-    the names ``l2_group`` records (``by`` a coordinate a group lacks adds no label, so each
-    axis keeps its own labels), for the ``axes`` the dashboards show (the scorer judges every
-    axis; the alerts read its findings). Reads only the scorer's small series: per group and
-    phase, per job; never the ranks' phases."""
+    """``l2_source: scorer``: the core's small L2 statistics, as the scorer publishes them, under
+    the names ``l2_group`` records (per job; per axis and phase for the ``axes`` the dashboards
+    show). The groups' medians and thresholds are read from the scorer where they are used
+    (``group_statistic``): re-recording ~20,000 series a minute at 10,000 ranks would only
+    copy them. The alerts read the scorer's findings; nothing here reads the ranks' phases."""
     sel = config.selectors.scorer
     axes = f'axis=~"{"|".join(config.axes)}"'  # the dashboards' axes; the alerts read all
     return _group("argus.l2", config.slow_interval, [

@@ -791,16 +791,19 @@ def scorer_statistics_test(config: RulesConfig, coords, phases: list[str], value
                            stats: dict) -> dict:
     """``l2_source: scorer``: the scorer's L2 statistics for the dp=8 x tp=4 job (its own
     code on the same medians) come out of the rules under the ``promql`` mode's names and
-    with exactly its labels (the groups ``l2_statistics`` lists), whatever extra labels the
-    scrape adds."""
-    from argus_core.rules.recording import SCORER_L2
+    with exactly its labels, whatever extra labels the scrape adds; the groups' medians and
+    thresholds (the groups ``l2_statistics`` lists) are not re-recorded, and the dashboards'
+    ``group_statistic`` reads them from the scorer with those same labels."""
+    from argus_core.rules.recording import GROUP_STATISTICS, SCORER_L2, group_statistic
     from argus_core.schema import AXES
 
     published = scorer_published(coords, phases, values)
     scrape = {**_matchers(config.selectors.scorer), "instance": "node-0:9800"}
+    names = [name for _, name, _ in SCORER_L2] + [p for _, p in GROUP_STATISTICS.values()]
     series = [Series(name, {**scrape, **labels}, [value] * 2)
-              for _, name, _ in SCORER_L2 for labels, value in published.get(name, [])]
+              for name in names for labels, value in published.get(name, [])]
     source = {record: name for record, name, _ in SCORER_L2}
+    source.update(GROUP_STATISTICS.values())
 
     def value_of(record: str, **labels: str) -> float:
         wanted = {"job": "train", **labels}
@@ -820,20 +823,22 @@ def scorer_statistics_test(config: RulesConfig, coords, phases: list[str], value
                             f'{{axis="{axis}",job="train",phase="{phase}"}}',
                             value_of("job_phase:argus_phase_log_ratio:scale", axis=axis,
                                      phase=phase), at))
-    for record in ("median", "threshold"):
-        name = f"axis_group:argus_phase_seconds:{record}"
+    for record, (name, _) in GROUP_STATISTICS.items():
         for axis, phase, group in sorted(stats["groups"]):
             others = {a: str(v) for a, v in zip(AXES, group, strict=True) if a != axis}
-            selector = ",".join(f'{k}="{v}"' for k, v in {"axis": axis, "phase": phase,
-                                                          **others}.items())
+            selector = ",".join(f'{k}="{v}"' for k, v in {"job": "train", "axis": axis,
+                                                          "phase": phase, **others}.items())
             labels = "{" + ",".join(f'{k}="{v}"' for k, v in sorted(
                 {"axis": axis, "job": "train", "phase": phase, **others}.items())) + "}"
-            exprs.append(_close(f"{name}{{{selector}}}", labels,
+            exprs.append(_close(group_statistic(record, selector), labels,
                                 value_of(name, axis=axis, phase=phase, **others), at))
-        # ... and nothing else: one recorded series per group the promql mode records.
+        # ... and nothing else: one series per group the promql mode would record,
+        axes = f'axis=~"{"|".join(config.axes)}"'
         count = len([k for k in stats["groups"] if k[0] in config.axes])
-        exprs.append({"expr": f'count({name}{{axis=~"{"|".join(config.axes)}"}})',
+        exprs.append({"expr": f"count({group_statistic(record, axes)})",
                       "eval_time": at, "exp_samples": [{"labels": "{}", "value": count}]})
+        # ... none of them recorded again.
+        exprs.append({"expr": name, "eval_time": at, "exp_samples": []})
     return _test(config, "L2 statistics of a dp=8 x tp=4 job: the scorer's (the core's), "
                  "under the names and labels the dashboards read", series, exprs=exprs)
 
