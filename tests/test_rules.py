@@ -87,6 +87,20 @@ def test_a_users_overrides_regenerate_rules_and_tests_that_pass(tmp_path):
         assert result.returncode == 0, f"{path.name}: {result.stdout}"
 
 
+def test_promql_l2_mode_regenerates_rules_and_tests_that_pass(tmp_path):
+    """``l2_source: promql``: the rules compute L2 themselves; their statistics match the
+    arithmetic and the core's N and z, and with a disagreeing scorer beside them the
+    dashboards' group statistics still read the rules' own series."""
+    config_file = tmp_path / "mine.yml"
+    config_file.write_text("l2_source: promql\n")
+    out = tmp_path / "out"
+    assert main(["rules", "--config", str(config_file), "--out", str(out)]) == 0
+    assert "axis_group:argus_phase_seconds:median" in (out / RULES_FILE).read_text()
+    for path in sorted(out.glob("*/tests/*.test.yml")):
+        result = promtool_test(path)
+        assert result.returncode == 0, f"{path.name}: {result.stdout}"
+
+
 def test_scaled_rules_pass_their_tests(tmp_path):
     assert main(["rules", "--time-scale", "15", "--out", str(tmp_path)]) == 0
     assert "interval: 1s" in (tmp_path / RULES_FILE).read_text()

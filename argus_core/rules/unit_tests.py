@@ -742,6 +742,15 @@ def recording_tests(config: RulesConfig) -> list[dict]:
             series.append(Series("argus_phase_window_seconds",
                                  {**labels, "phase": phase, "stat": "median"},
                                  [float(values[r, c])] * 2))
+    # A scorer runs beside the promql rules and disagrees (twice every group statistic): the
+    # dashboards' group_statistic must still read the rules' own series.
+    from argus_core.rules.recording import GROUP_STATISTICS, group_statistic
+
+    published = scorer_published(coords, phases, values)
+    scrape = {**_matchers(config.selectors.scorer), "instance": "node-0:9800"}
+    series += [Series(name, {**scrape, **labels}, [2 * value] * 2)
+               for _, name in GROUP_STATISTICS.values()
+               for labels, value in published.get(name, [])]
     at = format_duration(config.evaluation_interval)
     exprs = [{"expr": "job:argus_l2_tests:count", "eval_time": at, "exp_samples": [
         {"labels": 'job:argus_l2_tests:count{job="train"}', "value": stats["tests"]}]},
@@ -759,6 +768,8 @@ def recording_tests(config: RulesConfig) -> list[dict]:
             labels = "{" + ",".join(f'{k}="{v}"' for k, v in sorted(
                 {"axis": axis, "job": "train", "phase": phase, **others}.items())) + "}"
             exprs.append(_close(f"axis_group:argus_phase_seconds:{record}{{{selector}}}",
+                                labels, value, at))
+            exprs.append(_close(group_statistic(record, f'job="train",{selector}'),
                                 labels, value, at))
     return [_test(config, "L2 statistics of a dp=8 x tp=4 job (N and z as the core counts)",
                   series, exprs=exprs), *l1_recording_tests(config)]
