@@ -11,9 +11,14 @@ ms, MoE-like expert jitter, heavier first and last pipeline stages), diagnosed e
   the step time is measured on a healthy run of the same scale); found = that rank's verdict
   is host;
 - link: one TP group's collectives slower by 1.3x .. 5x; found = every member's verdict is
-  communication.
+  communication;
+- tail: a tenth of one rank's backward dgrad GEMM executions slower, so that the kernel costs
+  it 10% .. 50% more time (the size) while its median does not move; found = that rank's
+  verdict is compute. Tail cells run --tail-steps (60) steps: a tail shows only in enough
+  executions (a real 60 s window holds hundreds of steps).
 
-at 8 ranks (dp=4, tp=2), 64 (dp=8, tp=4, pp=2) and 512 (dp=32, tp=8, pp=2), with kernel noise 1x,
+at 8 ranks (dp=4, tp=2), 16 (dp=8, tp=2), 64 (dp=8, tp=4, pp=2) and 512 (dp=32, tp=8, pp=2;
+--scales picks them, 8,64,512 by default), with kernel noise 1x,
 2x and 3x the default 3%. ``false_verdict_runs`` counts runs where any other rank got a verdict.
 The last line (--json) holds every cell and ``smallest``: per kind, scale and noise, the
 smallest size from which every larger size is found in >= 95% of seeds (null: none).
@@ -32,9 +37,11 @@ from argus_core.detect.diagnose import diagnose
 from argus_core.simulate import SimConfig, parse_fault, simulate_trace
 from argus_core.topology import Topology
 
-SCALES = {8: "dp=4,tp=2", 64: "dp=8,tp=4,pp=2", 512: "dp=32,tp=8,pp=2"}
+SCALES = {8: "dp=4,tp=2", 16: "dp=8,tp=2", 64: "dp=8,tp=4,pp=2", 512: "dp=32,tp=8,pp=2"}
 SIZES = {"compute": (1.15, 1.2, 1.3, 1.5, 2.0, 3.0), "host": (0.25, 0.5, 1.0, 1.5, 2.0, 3.0),
-         "link": (1.3, 1.5, 2.0, 3.0, 5.0)}
+         "link": (1.3, 1.5, 2.0, 3.0, 5.0), "tail": (0.1, 0.2, 0.3, 0.5)}
+TAIL_SHARE = 0.1
+TAIL_STEPS = 60
 NOISE = (1, 2, 3)
 REALISTIC = dict(rank_spread=0.02, clock_offset_s=0.003, clock_jitter_s=0.002,
                  count_jitter=0.05, unequal_stages=True, kernel_every=2)
@@ -54,6 +61,10 @@ def fault_for(kind: str, size: float, topology: Topology) -> tuple[str, set[int]
     if kind == "compute":
         return (f"compute:ranks={rank}:phases=attention*{size},mlp*{size},backward*{size}"
                 f":from=8"), {rank}, "compute"
+    if kind == "tail":
+        factor = 1 + size / TAIL_SHARE
+        return (f"tail:ranks={rank}:kernel=dgrad:share={TAIL_SHARE}:factor={factor:g}:from=0",
+                {rank}, "compute")
     if kind == "host":
         seconds = size * step_seconds(topology)
         return f"stall:ranks={rank}:steps=9,15:seconds={seconds:.4f}", {rank}, "host"
@@ -101,6 +112,7 @@ def main() -> None:
     parser.add_argument("--kinds", default="compute,host,link")
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--tail-steps", type=int, default=TAIL_STEPS)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     scales = [int(s) for s in args.scales.split(",")]
@@ -111,13 +123,15 @@ def main() -> None:
         for kind in kinds:
             for noise in NOISE:
                 for size in SIZES[kind]:
-                    cells.append(run_cell(kind, size, scale, noise, args.seeds, args.steps))
+                    steps = args.tail_steps if kind == "tail" else args.steps
+                    cells.append(run_cell(kind, size, scale, noise, args.seeds, steps))
                     if not args.json:
                         c = cells[-1]
                         print(f"{kind:8} {scale:4} ranks noise {noise}x size {size:5}: found "
                               f"{c['found']:.2f}, false-verdict runs {c['false_verdict_runs']}",
                               flush=True)
-    result = {"seeds": args.seeds, "steps": args.steps, "seconds": time.perf_counter() - t0,
+    result = {"seeds": args.seeds, "steps": args.steps, "tail_steps": args.tail_steps,
+              "seconds": time.perf_counter() - t0,
               "step_seconds": {str(s): round(step_seconds(Topology.parse(SCALES[s])), 4)
                                for s in scales},
               "smallest": {kind: {str(scale): {str(noise): smallest(cells, kind, scale, noise)

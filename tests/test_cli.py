@@ -164,20 +164,25 @@ def test_simulate_zero_steps_exits_2(tmp_path, capsys):
 # --------------------------------------------------------------------------- diagnose --json
 
 
+COST = {"cost_s", "cost_share", "gpu_seconds"}  # added fields of findings and verdicts
+
+
 def test_diagnose_json_has_exactly_the_design_top_level_keys(straggler_doc):
-    """The --json document has exactly job, l1, l2, l3, verdict and not_judged at the top
-    level (not_judged: the levels that had no data; empty when every level could look)."""
-    assert set(straggler_doc) == {"job", "l1", "l2", "l3", "verdict", "not_judged"}
+    """The --json document has exactly job, l1, l2, l3, verdict and the documented additions
+    at the top level (not_judged: the levels that had no data, empty when every level could
+    look; minor: verdicts that cost less than the floor)."""
+    assert set(straggler_doc) == {"job", "l1", "l2", "l3", "verdict", "not_judged", "minor"}
     assert straggler_doc["not_judged"] == []
     assert straggler_doc["job"] == "compute-straggler"
     assert set(straggler_doc["l1"]) == {"spikes", "regressions"}
-    assert set(straggler_doc["l2"]) == {"stragglers"}
+    assert set(straggler_doc["l2"]) == {"stragglers", "host"}
     assert set(straggler_doc["l3"]) == {"stragglers"}
     assert isinstance(straggler_doc["verdict"], list)
 
 
 def test_diagnose_json_entries_use_design_field_names(straggler_doc):
-    """Each list entry carries exactly the DESIGN.md fields, with JSON types that match."""
+    """Each list entry carries exactly the DESIGN.md fields (plus the documented cost fields),
+    with JSON types that match."""
     doc = straggler_doc
     assert doc["l1"]["regressions"] and doc["l2"]["stragglers"]
     assert doc["l3"]["stragglers"] and doc["verdict"]
@@ -185,15 +190,17 @@ def test_diagnose_json_entries_use_design_field_names(straggler_doc):
         assert set(entry) == {"step", "ratio"}
         assert isinstance(entry["step"], int) and isinstance(entry["ratio"], float)
     for entry in doc["l2"]["stragglers"]:
-        assert set(entry) == {"rank", "phase", "axis", "ratio", "z"}
+        assert set(entry) == {"rank", "phase", "axis", "ratio", "z"} | COST
         assert isinstance(entry["rank"], int) and isinstance(entry["phase"], str)
+        assert 0 < entry["cost_share"] <= 1 and entry["cost_s"] > 0
         assert entry["axis"] in ("dp", "tp", "pp", "ep")
     for entry in doc["l3"]["stragglers"]:
         assert set(entry) == {"rank", "kernel", "stream", "score"}
         assert isinstance(entry["stream"], int) and isinstance(entry["kernel"], str)
     for entry in doc["verdict"]:
-        assert set(entry) == {"rank", "cause", "evidence"}
+        assert set(entry) == {"rank", "cause", "evidence"} | COST
         assert isinstance(entry["evidence"], str) and entry["evidence"]
+        assert entry["cost_share"] >= 0.02 and "costs the job" in entry["evidence"]
 
 
 def test_diagnose_json_finds_rank_5_compute_straggler(straggler_doc):
@@ -224,9 +231,9 @@ def test_diagnose_json_of_healthy_run_has_empty_lists(tmp_path, capsys):
     write_records(simulate(CASES["healthy"].config(seed=0, steps=STEPS)), tmp_path)
     doc = diagnose_json(capsys, str(tmp_path))
     assert doc["l1"] == {"spikes": [], "regressions": []}
-    assert doc["l2"] == {"stragglers": []}
+    assert doc["l2"] == {"stragglers": [], "host": []}
     assert doc["l3"] == {"stragglers": []}
-    assert doc["verdict"] == []
+    assert doc["verdict"] == [] and doc["minor"] == []
 
 
 # --------------------------------------------------------------------------- diagnose text, plots
@@ -396,7 +403,7 @@ def test_diagnose_warns_when_a_restarted_job_mixed_its_attempts(tmp_path, capsys
     code, _, err = run(capsys, "diagnose", str(tmp_path), "--json")
     assert code == 0
     assert "recorded the same step numbers at different times" in err
-    assert "8 rank(s)" in err and ": 0, 1, 2, 3, 4, 5, 6, 7;" in err
+    assert "8 rank(s)" in err and ": 0, 1, 2, 3, 4, 5, 6 and 7;" in err
 
 
 @pytest.fixture

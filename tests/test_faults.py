@@ -27,7 +27,7 @@ def test_sustained_host_straggler_gets_a_verdict(dp, seed):
     doc = diagnose(simulate_trace(config)).to_json()
     assert verdicts(doc) == {1: "host"}, doc["verdict"]
     evidence = doc["verdict"][0]["evidence"]
-    assert "from step 8" in evidence and "+0.12 s" in evidence
+    assert "from step 8 to 29" in evidence and "+120.0 ms a step" in evidence
 
 
 def test_the_same_stall_at_two_steps_is_a_host_spike():
@@ -54,12 +54,26 @@ def test_late_straggler_at_scale_is_not_diluted():
 
 
 def test_slow_link_with_nobody_late_is_communication():
-    """TP group 4-7's collectives 1.5x slower, every member arriving on time: a slow link for
-    exactly that group."""
+    """TP group 4-7's collectives 4x slower, every member arriving on time: a slow link for
+    exactly that group, with what it costs the job."""
+    config = SimConfig(topology=Topology(tp=4, dp=4), steps=20, seed=3, **REALISTIC,
+                       faults=(parse_fault("link:ranks=4-7:axis=tp:factor=4"),))
+    doc = diagnose(simulate_trace(config)).to_json()
+    assert verdicts(doc) == {r: "communication" for r in (4, 5, 6, 7)}
+    assert all(v["cost_share"] >= 0.02 for v in doc["verdict"])
+
+
+def test_a_slow_link_that_costs_under_the_floor_is_minor():
+    """The same group 1.5x slower costs the job under 1% of its step (its collectives are
+    short): found at L2 and L3, reported as minor with its cost, and no verdict."""
     config = SimConfig(topology=Topology(tp=4, dp=4), steps=20, seed=3, **REALISTIC,
                        faults=(parse_fault("link:ranks=4-7:axis=tp:factor=1.5"),))
     doc = diagnose(simulate_trace(config)).to_json()
-    assert verdicts(doc) == {r: "communication" for r in (4, 5, 6, 7)}
+    assert {s["rank"] for s in doc["l2"]["stragglers"]} == {4, 5, 6, 7}
+    assert doc["verdict"] == []
+    assert {m["rank"]: m["cause"] for m in doc["minor"]} == {r: "communication"
+                                                             for r in (4, 5, 6, 7)}
+    assert all(0 < m["cost_share"] < 0.02 for m in doc["minor"])
 
 
 @pytest.mark.parametrize("rank", [5, 13])  # a middle stage, and the heavy last stage

@@ -83,11 +83,16 @@ def is_alert(name: str, job: str):
 
 
 def test_status_prints_the_five_endpoints(stack):
+    """The five URLs of the contract, plus where a real job posts (sink) and the folder of
+    metrics targets."""
     result = argus("stack", "status", "--workdir", str(stack.workdir), "--json")
     assert result.returncode == 0, result.stderr
     urls = json.loads(result.stdout)
-    assert set(urls) == {"prometheus", "alertmanager", "processor", "scorer", "s3"}
-    assert all(url.startswith("http://127.0.0.1:") for url in urls.values())
+    assert set(urls) == {"prometheus", "alertmanager", "processor", "scorer", "s3", "sink",
+                         "targets"}
+    assert all(urls[k].startswith("http://127.0.0.1:") for k in urls if k != "targets")
+    assert urls["sink"] == urls["processor"] + "/v1/records"
+    assert Path(urls["targets"]).is_dir()
 
 
 def test_compute_straggler_pages_within_the_bound(stack):

@@ -33,6 +33,17 @@ def register(commands) -> None:
     status.add_argument("--json", action="store_true",
                         help='print {"prometheus", "alertmanager", "processor", "scorer", '
                              '"s3"} URLs as JSON')
+    targets = actions.add_parser(
+        "targets", help="have the stack's Prometheus scrape a real job's ranks",
+        description="Write DIR/targets/JOB.json (Prometheus file_sd) listing each rank's "
+                    "/metrics: the ranks of a job started with ARGUS_METRICS_PORT=P serve "
+                    "it on P + local rank, so --ports P-(P+N-1) names N ranks of one host. "
+                    "Run again to replace the list; no targets removes it.")
+    targets.add_argument("--workdir", required=True, metavar="DIR")
+    targets.add_argument("--job", required=True, metavar="NAME", help="a name for the file")
+    targets.add_argument("--host", default="127.0.0.1", help="host of --ports (127.0.0.1)")
+    targets.add_argument("--ports", metavar="P-Q", help="a port range on --host, e.g. 9100-9103")
+    targets.add_argument("target", nargs="*", metavar="HOST:PORT", help="more targets")
     down = actions.add_parser("down", help="stop everything the stack started")
     down.add_argument("--workdir", required=True, metavar="DIR")
     p.set_defaults(run=run)
@@ -51,6 +62,11 @@ def run(args: argparse.Namespace) -> int:
             _print(stack)
             return 0
         stack = Stack.load(args.workdir)
+        if args.action == "targets":
+            listed = [*_port_range(args.host, args.ports), *args.target]
+            path = stack.add_targets(args.job, listed)
+            print(f"{len(listed)} target(s) in {path}" if listed else f"removed {path}")
+            return 0
         if args.action == "status":
             dead = stack.dead()
             if args.json:
@@ -72,6 +88,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
 
+def _port_range(host: str, ports: str | None) -> list[str]:
+    """'9100-9103' on a host -> its HOST:PORT targets."""
+    from argus_core.stack.stack import StackError
+
+    if not ports:
+        return []
+    lo, _, hi = ports.partition("-")
+    if not lo.isdigit() or not (hi or lo).isdigit() or int(hi or lo) < int(lo):
+        raise StackError(f"--ports {ports!r}: expected P or P-Q with P <= Q")
+    return [f"{host}:{p}" for p in range(int(lo), int(hi or lo) + 1)]
+
+
 def _print(stack, dead: set[str] = frozenset()) -> None:
     """Each endpoint (a component that is not running says so next to its URL), each live
     job's state and log, and the logs folder."""
@@ -83,3 +111,7 @@ def _print(stack, dead: set[str] = frozenset()) -> None:
             state = "running" if process.running else "stopped"
             print(f"{process.name:>{width}}  {state}, log {process.log}")
     print(f"{'logs':>{width}}  {stack.workdir / 'logs'}")
+    print(f"{'sink':>{width}}  {stack.sink}")
+    print(f"\nA real job: start its ranks with ARGUS_ENABLED=1 ARGUS_SINK={stack.sink} "
+          f"ARGUS_METRICS_PORT=9100, then\n  argus stack targets --workdir {stack.workdir} "
+          f"--job NAME --ports 9100-9103   (one port a local rank)")

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from argus_core.detect.arrival import collective_times
+from argus_core.detect.cost import Cost, JobContext, cost_of, steps_from
+from argus_core.detect.host import HostConfig, HostFinding, detect_host
 from argus_core.detect.l1 import L1Config, L1Result, detect_l1
 from argus_core.detect.l2 import L2Config, L2Result, detect_l2
 from argus_core.detect.l3 import KernelScores, L3Config
@@ -23,7 +25,7 @@ from argus_core.detect.l3_findings import KernelFinding, kernel_findings
 from argus_core.detect.placement import device_starts, place_kernels
 from argus_core.detect.stages import stage_classes
 from argus_core.detect.steps import StepMatrix, step_matrix
-from argus_core.detect.verdict import Verdict, build_verdicts
+from argus_core.detect.verdict import Verdict, VerdictConfig, build_verdicts
 from argus_core.stats.compress import CompressionConfig
 from argus_core.summaries import DEFAULT_WINDOW_S
 from argus_core.trace import Trace
@@ -36,6 +38,8 @@ class DiagnoseConfig:
     l1: L1Config = field(default_factory=L1Config)
     l2: L2Config = field(default_factory=L2Config)
     l3: L3Config = field(default_factory=L3Config)
+    host: HostConfig = field(default_factory=HostConfig)
+    verdict: VerdictConfig = field(default_factory=VerdictConfig)
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     window_s: float = DEFAULT_WINDOW_S
     peer_axis: str = "pp"  # L3 compares ranks at the same position on this axis
@@ -80,6 +84,14 @@ class Diagnosis:
     scores: KernelScores | None
     warnings: list[str] = field(default_factory=list)
     kernel_count: int = 0
+    host: list[HostFinding] = field(default_factory=list)
+    minor: list[Verdict] = field(default_factory=list)  # found, but costing under the floor
+    context: JobContext = field(default_factory=JobContext)
+
+    def l2_cost(self, excess_s: float, onset: int | None) -> Cost:
+        """The cost of an L2 finding's excess, from its onset (or every judged step) on."""
+        return cost_of(excess_s if np.isfinite(excess_s) else 0.0,
+                       steps_from(onset, self.context), self.context)
 
     def to_json(self) -> dict:
         """The ``argus diagnose --json`` document (DESIGN.md contract)."""
@@ -89,12 +101,17 @@ class Diagnosis:
                    "regressions": [{"step": s, "ratio": _num(r, 2)}
                                    for s, r in self.l1.regressions]},
             "l2": {"stragglers": [{"rank": f.rank, "phase": f.phase, "axis": f.axis,
-                                   "ratio": _num(f.ratio, 2), "z": _num(f.z, 1)}
-                                  for f in self.l2.findings]},
+                                   "ratio": _num(f.ratio, 2), "z": _num(f.z, 1),
+                                   **_cost_json(self.l2_cost(f.excess_s, f.onset))}
+                                  for f in self.l2.findings],
+                   "host": [{"rank": f.rank, "excess_s": _num(f.excess_s, 6),
+                             "z": _num(f.z, 1)} for f in self.host]},
             "l3": {"stragglers": [{"rank": f.rank, "kernel": f.kernel, "stream": f.stream,
                                    "score": _num(f.score, 3)} for f in self.l3]},
-            "verdict": [{"rank": v.rank, "cause": v.cause, "evidence": v.evidence}
-                        for v in self.verdicts],
+            "verdict": [{"rank": v.rank, "cause": v.cause, "evidence": v.evidence,
+                         **_cost_json(v.cost)} for v in self.verdicts],
+            "minor": [{"rank": v.rank, "cause": v.cause, "evidence": v.evidence,
+                       **_cost_json(v.cost)} for v in self.minor],
         }
 
 
@@ -104,6 +121,18 @@ _JSON_CAP = 1e6  # stands for "unbounded" (a peer median of 0): JSON has no Infi
 def _num(value: float, digits: int) -> float:
     """A finite, rounded number for the JSON document."""
     return round(min(float(value), _JSON_CAP), digits)
+
+
+def _cost_json(cost: Cost | None) -> dict:
+    """The added cost fields of a finding or verdict (absent when no time is behind it)."""
+    if cost is None:
+        return {}
+    out = {"cost_s": _num(cost.seconds, 6)}
+    if cost.share is not None:
+        out["cost_share"] = _num(cost.share, 4)
+    if cost.gpu_seconds is not None:
+        out["gpu_seconds"] = _num(cost.gpu_seconds, 3)
+    return out
 
 
 def diagnose(trace: Trace, config: DiagnoseConfig | None = None) -> Diagnosis:
@@ -129,9 +158,16 @@ def diagnose(trace: Trace, config: DiagnoseConfig | None = None) -> Diagnosis:
     steps = _kernel_steps(matrix, calm, l1, l2, config.min_onset_steps)
     scores, l3, excused = kernel_findings(trace, matrix, steps, placement, config.window_s,
                                           config.peer_axis, config.compression, config.l3)
-    verdicts = build_verdicts(l1, l2, l3, trace.stacks, matrix.t_ns)
+    step_s = float(np.nanmedian(l1.iteration_s[l1.judged])) if l1.judged.any() else None
+    context = JobContext(step_s, len(matrix.ranks), int(calm.sum()),
+                         int(matrix.steps[-1]) if len(matrix.steps) else None,
+                         bool(len(trace.kernels)) or bool((trace.steps.gpu_t_ns >= 0).any()))
+    host = (detect_host(matrix, times, calm, step_s, config.host) if step_s else [])
+    minor: list[Verdict] = []
+    verdicts = build_verdicts(l1, l2, l3, trace.stacks, matrix.t_ns, host, context,
+                              config.verdict, minor)
     return Diagnosis(trace.job, matrix, l1, l2, l3, excused, verdicts, scores, warnings,
-                     len(trace.kernels))
+                     len(trace.kernels), host, minor, context)
 
 
 def _kernel_steps(matrix: StepMatrix, calm: np.ndarray, l1: L1Result, l2: L2Result,

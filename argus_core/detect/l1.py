@@ -2,8 +2,14 @@
 
 Synchronous training runs at the speed of its slowest rank, so L1 looks at one series: the max
 over ranks of each step's wall time. (Per-rank L1 on synchronised step times would flag every
-rank at once.) Spikes are steps far above the centred rolling median; regressions are shifts of
-the log iteration time found by binary segmentation, after spikes are replaced by that median.
+rank at once.) Candidate spikes are steps ``spike_ratio`` above the centred rolling median; a
+candidate is a *spike* only when it also stands out of this job's own step-to-step noise, else
+it is a *blip*. The noise is read from the job itself, heavy tails included: the log ratios'
+upper quartile above their median gives the scale ``b`` of an exponential (Laplace) tail,
+and a spike exceeds ``b * ln(n / (2 * spike_alpha))`` over n judged steps (Bonferroni: about
+``spike_alpha`` false spikes per job), so a quiet GPU job's 1.5x stall is a spike and a noisy
+CPU job's 2x blip is not. Regressions are shifts of the log iteration time found by binary
+segmentation, after spikes and blips are replaced by that median.
 
 Every spike and regression is then attributed to the ranks that caused it: the late arriver,
 whose *own* time rose while the others' rise is waiting for it. A rank's time per step is split
@@ -35,6 +41,7 @@ class L1Config:
 
     warmup_steps: int = 2  # first steps (compilation, cache warm-up) are not judged
     spike_ratio: float = 1.5  # a spike is this much above the rolling median
+    spike_alpha: float = 0.01  # expected spikes per job from the job's own noise
     window: int = 9  # rolling median window, in steps (centred)
     min_regression: float = 1.1  # a regression slows the job by at least 10%
     change_threshold: float = 6.0  # CUSUM statistic, in noise standard deviations
@@ -51,7 +58,7 @@ class Culprit:
     step: int  # the spike's step, or the regression's first step
     cause: str  # host, compute or communication
     excess_s: float  # extra time per step in that part of the rank's own time
-    event: str = "spike"  # spike or regression
+    event: str = "spike"  # spike, blip (a candidate within the job's noise) or regression
     last_step: int | None = None  # regression: last step of the slow segment
 
 
@@ -65,6 +72,8 @@ class L1Result:
     baseline_s: np.ndarray  # centred rolling median
     judged: np.ndarray  # bool per step: past warm-up and recorded
     spikes: list[tuple[int, float]] = field(default_factory=list)  # (step, ratio)
+    blips: list[tuple[int, float]] = field(default_factory=list)  # candidates within the noise
+    spike_threshold: float = float("nan")  # ratio a spike reaches (the job's own noise)
     regressions: list[tuple[int, float]] = field(default_factory=list)  # (onset step, ratio)
     culprits: list[Culprit] = field(default_factory=list)
     segments: list[tuple[int, int, int]] = field(default_factory=list)  # regression: (before
@@ -72,8 +81,8 @@ class L1Result:
 
     @property
     def spike_mask(self) -> np.ndarray:
-        """Bool per step: the step is a spike."""
-        return np.isin(self.steps, [s for s, _ in self.spikes])
+        """Bool per step: the step is a spike or a blip (not a steady step)."""
+        return np.isin(self.steps, [s for s, _ in self.spikes + self.blips])
 
     @property
     def steady_mask(self) -> np.ndarray:
@@ -114,8 +123,10 @@ def detect_l1(matrix: StepMatrix, config: L1Config | None = None,
     with np.errstate(all="ignore"):
         ratio = series / baseline
     spike = judged & (ratio >= config.spike_ratio)
-    result.spikes = [(int(s), float(r)) for s, r in zip(matrix.steps[spike], ratio[spike],
-                                                         strict=True)]
+    result.spike_threshold = spike_threshold(ratio[judged], config)
+    significant = spike & (ratio >= result.spike_threshold)
+    for mask, out in ((significant, result.spikes), (spike & ~significant, result.blips)):
+        out += [(int(s), float(r)) for s, r in zip(matrix.steps[mask], ratio[mask], strict=True)]
 
     # Regressions on the log series with spikes flattened to the local median.
     idx = np.flatnonzero(judged)
@@ -136,6 +147,19 @@ def detect_l1(matrix: StepMatrix, config: L1Config | None = None,
         times = collective_times(matrix, np.zeros((len(matrix.ranks), len(AXES)), np.int64))
     result.culprits = attribute(matrix, result, times, config)
     return result
+
+
+def spike_threshold(ratio: np.ndarray, config: L1Config) -> float:
+    """The ratio to the rolling median that a step reaches by noise in about ``spike_alpha``
+    of jobs: an exponential upper tail scaled from the log ratios' upper quartile (robust to
+    the spikes themselves, heavier than a normal tail), never below ``spike_ratio``."""
+    x = np.log(ratio[np.isfinite(ratio) & (ratio > 0)])
+    if len(x) < 4:
+        return config.spike_ratio
+    median, upper = np.quantile(x, [0.5, 0.75])
+    scale = max((upper - median) / np.log(2), config.noise_floor)
+    reach = median + scale * np.log(len(x) / (2 * config.spike_alpha))
+    return float(max(config.spike_ratio, np.exp(reach)))
 
 
 def _own_parts(times: CollectiveTimes) -> dict[str, np.ndarray]:
@@ -165,13 +189,14 @@ def attribute(matrix: StepMatrix, l1: L1Result, times: CollectiveTimes,
     parts = _own_parts(times)
     calm = l1.judged & ~l1.spike_mask
     culprits = []
-    if l1.spikes:
+    events = [(s, "spike") for s, _ in l1.spikes] + [(s, "blip") for s, _ in l1.blips]
+    if events:
         base = {k: nanmedian(v[:, calm], axis=1) for k, v in parts.items()}
-        for step, _ in l1.spikes:
+        for step, event in sorted(events):
             col = int(np.searchsorted(matrix.steps, step))
             excess_job = l1.iteration_s[col] - l1.baseline_s[col]
             deltas = {k: v[:, col] - base[k] for k, v in parts.items()}
-            culprits += _culprits(matrix, deltas, excess_job, config, step, "spike", None)
+            culprits += _culprits(matrix, deltas, excess_job, config, step, event, None)
     for (onset, _), (lo, cp, hi) in zip(l1.regressions, l1.segments, strict=True):
         before = np.zeros(len(matrix.steps), dtype=bool)
         after = np.zeros(len(matrix.steps), dtype=bool)
@@ -190,14 +215,16 @@ def attribute(matrix: StepMatrix, l1: L1Result, times: CollectiveTimes,
 
 def _culprits(matrix: StepMatrix, deltas: dict[str, np.ndarray], excess_job: float,
               config: L1Config, step: int, event: str, last: int | None) -> list[Culprit]:
-    """Ranks whose rise in one part of their own time stands out from the other ranks'."""
-    if not excess_job > 0 or len(matrix.ranks) < 2:
+    """Ranks whose rise in one part of their own time stands out from the other ranks' (a
+    job of one rank: its own rise)."""
+    if not excess_job > 0 or len(matrix.ranks) < 1:
         return []
     needed = config.attribution_share * excess_job
     stand_out = {}
     for part, delta in deltas.items():
         delta = np.nan_to_num(delta)
-        others = delta[::-1] if len(delta) == 2 else np.median(delta)
+        others = (0.0 if len(delta) == 1 else delta[::-1] if len(delta) == 2
+                  else np.median(delta))
         stand_out[part] = delta - others
     names = list(stand_out)
     table = np.stack([stand_out[n] for n in names])  # parts x ranks

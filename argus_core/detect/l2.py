@@ -86,6 +86,8 @@ class PhaseFinding:
     z: float
     kind: str  # compute or communication
     onset: int | None = None  # first step of the slowdown when it started mid-run
+    excess_s: float = float("nan")  # seconds a step above its peers (time x (1 - 1/ratio))
+    group: bool = False  # a whole group's collective against the axis's other groups
 
 
 @dataclass(frozen=True)
@@ -208,6 +210,7 @@ def detect_l2(matrix: StepMatrix, coords: np.ndarray, steady: np.ndarray,
     result.groups = [_group_statistics(st, config, z_family) for st in stats
                      if st.kind == "compute" and st.members is not None]
     judged_steps = matrix.steps[steady]
+    own_time = nanmedian(times.transfer[:, steady, :], axis=1)  # ranks x phases
     best: dict[tuple[int, str], PhaseFinding] = {}
     for st in stats:
         with np.errstate(all="ignore"):
@@ -218,9 +221,11 @@ def detect_l2(matrix: StepMatrix, coords: np.ndarray, steady: np.ndarray,
         hit = (ratio >= config.min_ratio) & (z >= z_family) & st.confirmed
         for i in np.flatnonzero(hit):
             onset = int(judged_steps[st.onset[i]]) if st.onset[i] >= 0 else None
+            excess = float(own_time[st.rank[i], st.col[i]] * (1 - 1 / ratio[i]))
             finding = PhaseFinding(int(matrix.ranks[st.rank[i]]), names[st.col[i]], st.axis,
                                    float(ratio[i]), float(min(z[i], 1e6)),
-                                   "communication" if st.kind == "link" else st.kind, onset)
+                                   "communication" if st.kind == "link" else st.kind, onset,
+                                   excess, st.kind == "link")
             key = (finding.rank, finding.phase)
             if key not in best or best[key].z < finding.z:
                 best[key] = finding

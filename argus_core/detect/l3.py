@@ -26,8 +26,10 @@ heterogeneity (rank speed spread, MoE count jitter):
    alone) nor ``scale_floor``.
 2. A (rank, kernel) row is flagged when ``score >= min_score``, it is ``min_score`` above the
    unit's centre, and its z exceeds ``Phi^-1(1 - alpha / N)``, N = every (unit, rank) scored
-   (Bonferroni). A row's spread is also never below its own sampling error (its mixture's sd
-   over its mean / sqrt(samples), samples = its executions but at most the window's steps,
+   (Bonferroni). A row's spread is also never below its sampling error: the unit's typical
+   relative sd (the median over its ranks of each mixture's sd over its mean: a rank's own
+   degradation, a fattened tail, never widens its own fence) / sqrt(samples), samples = the
+   row's executions but at most the window's steps,
    widened by Student's t: a kernel run a handful of times per window cannot be called
    slow on its own).
 3. Each rank is also judged on all its kernels together: its time-weighted mean ``signed``
@@ -178,7 +180,9 @@ def score_kernels(summary: KernelSummary, peer_set_of_rank: np.ndarray | None = 
     if steps_per_window is not None:
         steps = np.asarray(steps_per_window, dtype=np.float64)
         samples = np.minimum(executions, steps[np.clip(u_window[row_unit], 0, len(steps) - 1)])
-    sampling = _relative_se(comp_row, n_rows, weight, mu, sigma, samples) * t_widening(
+    spread_cv = _unit_median(_relative_sd(comp_row, n_rows, weight, mu, sigma), row_unit,
+                             n_units)[row_unit]
+    sampling = spread_cv / np.sqrt(np.maximum(samples, 1.0)) * t_widening(
         np.maximum(samples - 1, 1), config.alpha / max(n_tests, 1))
     row_spread = np.maximum(spread[row_unit], np.hypot(config.scale_floor, sampling))
     z = (signed - centre[row_unit]) / row_spread
@@ -208,16 +212,27 @@ def score_kernels(summary: KernelSummary, peer_set_of_rank: np.ndarray | None = 
                         rank_z=rank_z, rank_score=rank_score)
 
 
-def _relative_se(comp_row: np.ndarray, n_rows: int, weight: np.ndarray, mu: np.ndarray,
-                 sigma: np.ndarray, samples: np.ndarray) -> np.ndarray:
-    """Standard error of each row's mean duration relative to it: the sd of its log-normal
-    mixture over its mean, / sqrt(independent samples)."""
+def _relative_sd(comp_row: np.ndarray, n_rows: int, weight: np.ndarray, mu: np.ndarray,
+                 sigma: np.ndarray) -> np.ndarray:
+    """Each row's relative spread of durations: the sd of its log-normal mixture over its
+    mean."""
     first = np.exp(mu + sigma ** 2 / 2)  # each component's mean and second moment
     second = np.exp(2 * mu + 2 * sigma ** 2)
     total = np.maximum(np.bincount(comp_row, weight, n_rows), 1e-300)
     mean = np.bincount(comp_row, weight * first, n_rows) / total
     var = np.maximum(np.bincount(comp_row, weight * second, n_rows) / total - mean ** 2, 0.0)
-    return np.sqrt(var) / np.maximum(mean, 1e-300) / np.sqrt(np.maximum(samples, 1.0))
+    return np.sqrt(var) / np.maximum(mean, 1e-300)
+
+
+def _unit_median(values: np.ndarray, row_unit: np.ndarray, n_units: int) -> np.ndarray:
+    """Per unit, the (lower) median of its rows' values (rows are sorted by unit)."""
+    order = np.lexsort((values, row_unit))
+    size = np.bincount(row_unit, minlength=n_units)
+    first = np.r_[0, np.cumsum(size)[:-1]]
+    out = np.full(n_units, np.nan)
+    has = size > 0
+    out[has] = values[order][first[has] + (size[has] - 1) // 2]
+    return out
 
 
 def _pooled_spread(residual: np.ndarray, scored: np.ndarray, kernel: np.ndarray,

@@ -1,131 +1,301 @@
-"""Verdicts: one cause per flagged rank (compute, communication or host), with evidence in words.
+"""Verdicts: one cause per flagged rank (compute, communication or host), with evidence in words
+and what it costs the job.
 
-Compute wins over communication: a rank with slow compute also shows odd collectives (short,
-because it arrives last), and its peers' long collectives are waiting (case 5). A rank is
+Compute wins over host and communication: a rank with slow compute also shows odd collectives
+(short, because it arrives last), and its peers' long collectives are waiting (case 5). A rank
+is "host" when its host time exceeds its peers' step after step (``detect.host``), and
 "communication" when only its collectives' transfer time is slow (waiting removed). Ranks L1
-attributes a spike or a regression to get a verdict even when L2 and L3 saw nothing: "host"
-when the excess sits in their host time (wall - GPU) or device idle time while their GPU work
-stayed flat (case 4, and a sustained host stall), else the part of their own time that rose.
+attributes a regression to, or repeated spikes, get a verdict even when L2 and L3 saw nothing:
+"host" when the excess sits in their host time (wall - device time) or device idle time while
+their device work stayed flat (case 4, and a sustained host stall), else the part of their own
+time that rose.
+
+Every verdict needs a significant test *and* a cost worth acting on:
+- its cost is how much shorter the job's step would be without the rank's excess (seconds a
+  step, at most the step), its share of the job's median step, and the GPU-seconds lost over
+  its range (seconds x world size x steps); a verdict costing less than ``min_cost_share`` of
+  the step is no verdict, whatever its z (listed as ``minor``);
+- spikes make a verdict only when they repeat: at least ``min_spikes`` spikes (each beyond the
+  job's own noise, ``detect.l1``) on the rank, or more of the job's spikes and blips on it
+  than chance gives (a binomial test against a uniform share of the ranks, corrected for the
+  number of ranks). A one-off blip is never a verdict;
+- a regression is sustained when it lasts to the end of the trace or ``min_episode_steps``;
+  a shorter episode that recovers (real machines drift for a few steps) makes no verdict.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.stats import binom
 
-from argus_core.detect.l1 import L1Result
+from argus_core.detect.cost import MIN_COST_SHARE, Cost, JobContext, cost_of, steps_from
+from argus_core.detect.host import HostFinding
+from argus_core.detect.l1 import Culprit, L1Result
 from argus_core.detect.l2 import L2Result
 from argus_core.detect.l3_findings import KernelFinding
 from argus_core.schema import StackRecord
 
 
 @dataclass(frozen=True)
+class VerdictConfig:
+    """When findings become a verdict (defaults are the documented ones)."""
+
+    min_cost_share: float = MIN_COST_SHARE  # a verdict costs the job at least this share
+    min_spikes: int = 2  # spikes beyond the job's noise on one rank before they are a verdict
+    repeat_alpha: float = 0.01  # spikes and blips on one rank beyond chance (family-wise)
+    min_repeats: int = 3  # ... and at least this many
+    min_episode_steps: int = 20  # a regression that ends before the trace is this long
+
+
+@dataclass(frozen=True)
 class Verdict:
-    """The most likely cause for one rank and why."""
+    """The most likely cause for one rank, why, and what it costs."""
 
     rank: int
     cause: str
     evidence: str
+    cost: Cost | None = None  # None: no time measure behind the finding (kernel scores alone)
 
 
 def ranks_text(ranks: Iterable[int]) -> str:
-    """Ranks for a message: sorted, the first eight, then how many more."""
+    """Ranks for a message: sorted, '0, 2 and 3', the first eight, then how many more."""
     ranks = sorted(set(ranks))
-    shown = ", ".join(map(str, ranks[:8]))
-    return shown + (f" and {len(ranks) - 8} more" if len(ranks) > 8 else "")
+    if len(ranks) > 8:
+        return ", ".join(map(str, ranks[:8])) + f" and {len(ranks) - 8} more"
+    if len(ranks) <= 2:
+        return " and ".join(map(str, ranks))
+    return ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
 
 
 def build_verdicts(l1: L1Result, l2: L2Result, l3: list[KernelFinding],
                    stacks: list[StackRecord] | None = None,
-                   step_starts: np.ndarray | None = None) -> list[Verdict]:
-    """Combine L1 spike culprits, L2 findings and L3 findings into one verdict per rank."""
+                   step_starts: np.ndarray | None = None,
+                   host: list[HostFinding] | None = None,
+                   context: JobContext | None = None,
+                   config: VerdictConfig | None = None,
+                   minor: list[Verdict] | None = None) -> list[Verdict]:
+    """Combine L1 culprits, L2 findings, host findings and L3 findings into one verdict per
+    rank; candidates that cost less than the floor go to ``minor`` when given."""
+    context = context or JobContext()
+    config = config or VerdictConfig()
     l2_by_rank = defaultdict(list)
     for finding in l2.findings:
         l2_by_rank[finding.rank].append(finding)
     l3_by_rank = defaultdict(list)
     for finding in l3:
         l3_by_rank[finding.rank].append(finding)
+    host_by_rank = {f.rank: f for f in host or []}
     late = defaultdict(list)
     for role in l2.roles:
         if role.role == "late":
             late[role.rank].append(role)
-    culprits = defaultdict(list)
-    for culprit in l1.culprits:
-        culprits[culprit.rank].append(culprit)
-    job_onset = f" since step {l1.regressions[-1][0]}" if l1.regressions else ""
+    culprits = _repeated_culprits(l1, context, config)
+    job_onset = l1.regressions[-1][0] if l1.regressions else None
 
     verdicts = []
-    for rank in sorted(set(l2_by_rank) | set(l3_by_rank) | set(culprits)):
+    for rank in sorted(set(l2_by_rank) | set(l3_by_rank) | set(culprits) | set(host_by_rank)):
         phases = [f for f in l2_by_rank[rank] if f.kind == "compute"]
         links = [f for f in l2_by_rank[rank] if f.kind == "communication"]
         kernels = [f for f in l3_by_rank[rank] if not f.comm]
         collectives = [f for f in l3_by_rank[rank] if f.comm]
         own_onsets = [f.onset for f in phases if f.onset is not None]
-        onset = f" since step {min(own_onsets)}" if own_onsets else job_onset
+        onset = min(own_onsets) if own_onsets else job_onset
         if phases or kernels:
-            verdicts.append(Verdict(rank, "compute", _compute_evidence(
-                phases, kernels, late[rank], onset)))
+            cost = _findings_cost(phases, onset, context)
+            verdict = Verdict(rank, "compute", _compute_evidence(
+                phases, kernels, late[rank], onset), cost)
+        elif rank in host_by_rank and not any(
+                c.event == "regression" and c.cause == "host" for c in culprits.get(rank, [])):
+            finding = host_by_rank[rank]
+            cost = cost_of(finding.excess_s, context.judged_steps, context)
+            verdict = Verdict(rank, "host", _host_evidence(finding, context), cost)
         elif links or collectives:
-            verdicts.append(Verdict(rank, "communication", _link_evidence(
-                rank, links, collectives, l3)))
-        elif culprits[rank]:
-            verdicts.append(Verdict(rank, culprits[rank][0].cause, _culprit_evidence(
-                rank, culprits[rank], l1, stacks or [], step_starts)))
+            cost = _findings_cost(links, None, context)
+            verdict = Verdict(rank, "communication", _link_evidence(
+                links, collectives, l3), cost)
+        elif culprits.get(rank):
+            mine = culprits[rank]
+            cost = _culprits_cost(mine, context)
+            verdict = Verdict(rank, _culprit_cause(mine), _culprit_evidence(
+                rank, mine, l1, stacks or [], step_starts, context), cost)
+        else:
+            continue
+        verdict = _with_cost_text(verdict, context)
+        if (verdict.cost is not None and verdict.cost.share is not None
+                and verdict.cost.share < config.min_cost_share):
+            if minor is not None:
+                minor.append(verdict)
+            continue
+        verdicts.append(verdict)
     return verdicts
 
 
-def _compute_evidence(phases, kernels, late_roles, onset: str) -> str:
+def _repeated_culprits(l1: L1Result, context: JobContext,
+                       config: VerdictConfig) -> dict[int, list[Culprit]]:
+    """Per rank, the culprits that can make a verdict: regressions, and spikes and blips that
+    repeat on it (see the module doc)."""
+    by_rank: dict[int, list[Culprit]] = defaultdict(list)
+    for c in l1.culprits:
+        by_rank[c.rank].append(c)
+    events = {c.step for c in l1.culprits if c.event != "regression"}
+    world = max(context.world, len(by_rank), 1)
+    out = {}
+    def sustained(c: Culprit) -> bool:
+        ends = c.last_step is None or context.last_step is None or c.last_step >= \
+            context.last_step
+        return ends or c.last_step - c.step + 1 >= config.min_episode_steps
+
+    for rank, mine in by_rank.items():
+        kept = [c for c in mine if c.event == "regression" and sustained(c)]
+        spikes = [c for c in mine if c.event == "spike"]
+        transient = [c for c in mine if c.event != "regression"]
+        beyond_chance = (world > 1 and len(transient) >= config.min_repeats and
+                         binom.sf(len(transient) - 1, len(events), 1 / world)
+                         <= config.repeat_alpha / world)
+        if beyond_chance:
+            kept += transient
+        elif len(spikes) >= config.min_spikes:
+            kept += spikes
+        if kept:
+            out[rank] = sorted(kept, key=lambda c: c.step)
+    return out
+
+
+def _culprit_cause(culprits: list[Culprit]) -> str:
+    """A regression's cause when there is one, else the most frequent cause of the spikes."""
+    regressions = [c for c in culprits if c.event == "regression"]
+    if regressions:
+        return max(regressions, key=lambda c: c.excess_s).cause
+    return Counter(c.cause for c in culprits).most_common(1)[0][0]
+
+
+def _findings_cost(findings, onset: int | None, context: JobContext) -> Cost | None:
+    """The cost of a rank's L2 findings: their excess seconds a step added up."""
+    if not findings:
+        return None  # kernel scores alone: no seconds behind them
+    seconds = sum(f.excess_s for f in findings if np.isfinite(f.excess_s))
+    return cost_of(seconds, steps_from(onset, context), context)
+
+
+def _culprits_cost(culprits: list[Culprit], context: JobContext) -> Cost:
+    """Regressions: their excess a step over their range; spikes: their excess spread over
+    the judged steps."""
+    regressions = [c for c in culprits if c.event == "regression"]
+    if regressions:
+        worst = max(regressions, key=lambda c: c.excess_s)
+        last = worst.last_step if worst.last_step is not None else context.last_step
+        steps = (last - worst.step + 1) if last is not None else context.judged_steps
+        return cost_of(worst.excess_s, steps, context)
+    total = sum(max(c.excess_s, 0.0) for c in culprits)
+    steps = max(context.judged_steps, 1)
+    cost = cost_of(total / steps, steps, context)
+    return cost
+
+
+def _with_cost_text(verdict: Verdict, context: JobContext) -> Verdict:
+    """The evidence with its cost stated (rank-seconds where no device is timed)."""
+    cost = verdict.cost
+    if cost is None or cost.seconds <= 0:
+        return verdict
+    text = f"costs the job {_seconds(cost.seconds)} a step"
+    if cost.share is not None:
+        text += f" ({cost.share:.1%} of its step)"
+    if cost.gpu_seconds is not None:
+        unit = "GPU-seconds" if context.device else "rank-seconds"
+        text += f", {cost.gpu_seconds:,.1f} {unit} over {cost.steps} steps"
+    return Verdict(verdict.rank, verdict.cause, f"{verdict.evidence}; {text}", cost)
+
+
+def _seconds(value: float) -> str:
+    """'18 ms', '1.2 s', '350 us'."""
+    if value >= 1:
+        return f"{value:.2f} s"
+    if value >= 1e-3:
+        return f"{value * 1e3:.1f} ms"
+    return f"{value * 1e6:.0f} us"
+
+
+def _compute_evidence(phases, kernels, late_roles, onset: int | None) -> str:
     parts = [f"{f.phase} {f.ratio:.1f}x its {f.axis}-group peers (robust z {f.z:.0f})"
              for f in sorted(phases, key=lambda f: -f.ratio)]
     if kernels:
         top = sorted(kernels, key=lambda f: -f.score)[:3]
         parts.append("slow kernels: " + ", ".join(f"{k.kernel} +{k.score:.0%}" for k in top))
-    text = "; ".join(parts) + onset
+    text = "; ".join(parts) + (f" since step {onset}" if onset is not None else "")
     if late_roles:
         names = sorted({r.phase for r in late_roles})
         waiting = sorted({p for r in late_roles for p in r.peers})
         share = min(r.share for r in late_roles)
-        text += (f". Its {', '.join(names)} take {share:.2f}x the time of its peers (ranks "
-                 f"{ranks_text(waiting)} wait for it there): it arrives late, so the network "
-                 f"is not the cause")
+        verb = "takes" if len(names) == 1 else "take"
+        who = f"rank {waiting[0]} waits" if len(waiting) == 1 else \
+            f"ranks {ranks_text(waiting)} wait"
+        text += (f". Its {', '.join(names)} {verb} {share:.2f}x the time of its peers' "
+                 f"({who} for it there): it arrives late, so the network is not the cause")
     return text
 
 
-def _link_evidence(rank: int, links, collectives, all_l3: list[KernelFinding]) -> str:
-    parts = [f"{f.phase} {f.ratio:.1f}x for its whole {f.axis} group" for f in links]
+def _host_evidence(finding: HostFinding, context: JobContext) -> str:
+    work = "device work" if context.device else "compute and collectives"
+    return (f"host time {_seconds(finding.excess_s)} a step above the other ranks' (median "
+            f"over {context.judged_steps} judged steps, robust z {finding.z:.0f}), its {work} "
+            f"unchanged: it stalls before its steps (data loading, Python work, a busy core) "
+            f"and the other ranks wait for it")
+
+
+def _link_evidence(links, collectives, all_l3: list[KernelFinding]) -> str:
+    parts = []
+    for f in links:
+        scope = f"for its whole {f.axis} group" if f.group else f"against its {f.axis}-group peers"
+        parts.append(f"{f.phase} transfer {f.ratio:.1f}x {scope}")
+    shared_by = set()
     for finding in sorted(collectives, key=lambda f: -f.score)[:3]:
         same = {f.rank for f in all_l3 if f.kernel == finding.kernel and f.stream ==
                 finding.stream}
+        shared_by |= same
         shared = f", as on ranks {ranks_text(same)}" if len(same) > 1 else ""
         parts.append(f"{finding.kernel} on stream {finding.stream} +{finding.score:.0%} slower "
                      f"than healthy peers{shared}")
     text = "; ".join(parts)
-    return text + ": compute is normal, so suspect the link, NIC or switch these ranks share"
+    if any(f.group for f in links) or len(shared_by) > 1:
+        return text + ": compute is normal, so suspect the link, NIC or switch these ranks share"
+    return text + ": compute is normal, so suspect this rank's link, NIC or PCIe path"
 
 
-def _culprit_evidence(rank: int, culprits, l1: L1Result, stacks: list[StackRecord],
-                      step_starts: np.ndarray | None) -> str:
+def _culprit_evidence(rank: int, culprits: list[Culprit], l1: L1Result,
+                      stacks: list[StackRecord], step_starts: np.ndarray | None,
+                      context: JobContext) -> str:
     """What rose on the rank, when, and by how much; its host stack when one was sampled."""
     parts, steps = [], []
+    spikes = [c for c in culprits if c.event != "regression"]
     for c in culprits:
         if c.event == "regression":
             until = f" to {c.last_step}" if c.last_step is not None else " on"
-            when = f"from step {c.step}{until}"
-            steps += [c.step]
-        else:
-            when = f"at step {c.step}"
+            parts.append(f"from step {c.step}{until}: {_WHAT[c.cause]} "
+                         f"+{_seconds(c.excess_s)} a step")
             steps.append(c.step)
-        parts.append(f"{when}: {_WHAT[c.cause]} +{c.excess_s:.3g} s per step")
+    if spikes:
+        shown = spikes[:6]
+        listed = ", ".join(f"{c.step} (+{_seconds(c.excess_s)})" for c in shown)
+        more = f" and {len(spikes) - len(shown)} more" if len(spikes) > len(shown) else ""
+        label = "at step" if len(spikes) == 1 else "at steps"
+        parts.append(f"{_WHAT[_culprit_cause(spikes)]} {label} {listed}{more}")
+        steps += [c.step for c in spikes]
     text = "; ".join(parts)
-    cause = culprits[0].cause
+    cause = _culprit_cause(culprits)
     if cause == "host":
-        text += ("; its GPU time stayed flat (wall time up, compute and collectives "
-                 "unchanged): the other ranks waited for it")
+        flat = "its GPU time stayed flat" if context.device else \
+            "its compute and collectives stayed flat"
+        text += f"; {flat} (wall time up): the other ranks waited for it"
+        if context.world == 1:
+            text = text.replace(": the other ranks waited for it", "")
     elif cause == "compute":
-        text += " on this rank only; the other ranks waited for it"
+        text += " on this rank only" if context.world != 1 else ""
+        if context.world > 1:
+            text += "; the other ranks waited for it"
     else:
         text += " on this rank only (waiting removed)"
     frame = _stack_during(rank, steps, l1, stacks, step_starts)
@@ -134,7 +304,7 @@ def _culprit_evidence(rank: int, culprits, l1: L1Result, stacks: list[StackRecor
     return text
 
 
-_WHAT = {"host": "host time (wall - GPU, and device idle)", "compute": "compute time",
+_WHAT = {"host": "host time", "compute": "compute time",
          "communication": "collective transfer time"}
 
 

@@ -45,17 +45,29 @@ def render(diagnosis: Diagnosis, console: Console, rejected: int = 0) -> None:
         console.print(f"[red]regression[/red] from step {step}: {ratio:.2f}x slower")
     for step, ratio in d.l1.spikes:
         console.print(f"[yellow]spike[/yellow] at step {step}: {ratio:.1f}x the local median")
+    if d.l1.blips:
+        console.print(f"[dim]{len(d.l1.blips)} step(s) above the spike ratio but within this "
+                      f"job's own noise (a spike needs {d.l1.spike_threshold:.2f}x here): "
+                      f"blips, not spikes[/dim]")
 
     console.rule("L2  straggler rank and phase (vs. parallel-group peers)")
     if d.l2.findings:
-        table = Table("rank", "phase", "axis", "ratio", "robust z", "kind", box=None)
+        table = Table("rank", "phase", "axis", "ratio", "robust z", "kind", "cost a step",
+                      box=None)
         for f in d.l2.findings:
-            table.add_row(str(f.rank), f.phase, f.axis, f"{f.ratio:.2f}x", f"{f.z:.1f}", f.kind)
+            cost = d.l2_cost(f.excess_s, f.onset)
+            shown = f"{cost.seconds * 1e3:.1f} ms" + (f" ({cost.share:.1%})"
+                                                      if cost.share is not None else "")
+            table.add_row(str(f.rank), f.phase, f.axis, f"{f.ratio:.2f}x", f"{f.z:.1f}", f.kind,
+                          shown)
         console.print(table)
     elif "l2" in blind:
         console.print(f"[yellow]not judged[/yellow]: {blind['l2'].reason}")
     else:
         console.print("[green]no phase stragglers[/green]")
+    for f in d.host:
+        console.print(f"rank {f.rank}: host time {f.excess_s * 1e3:.1f} ms a step above the "
+                      f"other ranks' ({f.share:.1%} of the step, robust z {f.z:.1f})")
     waiters = sorted({r.rank for r in d.l2.roles if r.role == "waiter"})
     if waiters and (d.l2.findings or d.l3):
         console.print(f"[dim]{len(waiters)} rank(s) spend most of a collective waiting for a "
@@ -76,7 +88,16 @@ def render(diagnosis: Diagnosis, console: Console, rejected: int = 0) -> None:
                       f"were waiting for a late peer[/dim]")
 
     console.rule("Verdict")
+    for v in d.minor:
+        console.print(f"[dim]not a verdict, too small to act on: rank {v.rank} ({v.cause}): "
+                      f"{v.evidence}[/dim]")
     if not d.verdicts:
+        if d.l1.regressions:
+            step, ratio = d.l1.regressions[-1]
+            console.print(f"[yellow]the whole job slowed at step {step} ({ratio:.2f}x)[/yellow]"
+                          f"; no rank stands out: likely a link or a resource all ranks share "
+                          f"(storage, network, the host's power or cooling)")
+            return
         console.print(_no_verdict(list(blind.values())))
         return
     for v in d.verdicts:

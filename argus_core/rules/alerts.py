@@ -61,20 +61,19 @@ def l1_alerts(config: RulesConfig) -> list[dict]:
                f"{format_duration(config.regression_recent)} against its best such median in "
                f"the {format_duration(config.regression_baseline)} before."),
         _alert(config, "ArgusHostStall",
-               "(\n"
-               "  rank:argus_host_seconds:increase\n"
-               "  - on (job) group_left job:argus_host_seconds:median_increase\n"
-               ")\n"
+               "rank:argus_host_seconds:excess_increase\n"
                ">= on (job) group_left\n"
                f"  {config.attribution_share} * (job:argus_step_window_seconds:max"
                " - job:argus_step_window_seconds:median)\n"
+               f"  + {config.min_cost_share * config.host_window:g}\n"
                f"and on (job) job:argus_iteration_spike:settled_ratio >= {spike}",
                config.for_host, "warning", "L1",
                "A rank stalled on the host and slowed its job.",
                "Rank {{ $labels.rank }} (host {{ $labels.host }}) of job {{ $labels.job }} "
                "spent {{ $value | humanizeDuration }} more host time (wall - GPU) than the "
                f"job's median rank over the last {host}, enough to explain the job's slowest "
-               "step: its GPU sat idle while the other ranks waited for it."),
+               f"step and more than {config.min_cost_share:.0%} of that time: its GPU sat idle "
+               "while the other ranks waited for it."),
     ]
 
 

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from argus_core.detect.cost import MIN_COST_SHARE
 from argus_core.detect.l1 import L1Config
 from argus_core.detect.l2 import L2Config
 
@@ -124,6 +125,9 @@ class RulesConfig:
     attribution_share: float = _doc("ArgusHostStall: the rank's extra host time explains at "
                                     "least this share of the job's slowest step's excess",
                                     _L1.attribution_share)
+    min_cost_share: float = _doc("ArgusHostStall: the rank's extra host time also costs the "
+                                 "job at least this share of the host window (the core's "
+                                 "cost floor for a verdict)", MIN_COST_SHARE)
     l2_min_ratio: float = _doc("L2: a rank's phase time over its group's median",
                                _L2.min_ratio)
     l2_alpha: float = _doc("L2: expected falsely flagged statistics per job; the z threshold "

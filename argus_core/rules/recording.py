@@ -136,7 +136,29 @@ def l1_group(config: RulesConfig) -> dict:
                 f"increase({seconds}[{host}]) - increase({gpu}[{host}])"),
         _record("job:argus_host_seconds:median_increase",
                 "quantile by (job) (0.5, rank:argus_host_seconds:increase)"),
+        _record("job:argus_host_seconds:sum_increase",
+                "sum by (job) (rank:argus_host_seconds:increase)"),
+        _record("job:argus_host_seconds:other_ranks",
+                "count by (job) (rank:argus_host_seconds:increase) - 1"),
+        # A rank's extra host time over the lower of two references: the job's median rank
+        # and the mean of the other ranks (a pair: its partner, as the core compares pairs;
+        # the median of two ranks is their midpoint and would halve a stall).
+        _record("rank:argus_host_seconds:excess_increase",
+                "(\n"
+                "  rank:argus_host_seconds:increase\n"
+                "  - on (job) group_left job:argus_host_seconds:median_increase\n"
+                ")\n"
+                "> (\n" + _OTHERS + ")\n"
+                "or\n" + _OTHERS),
     ])
+
+
+_OTHERS = ("  rank:argus_host_seconds:increase\n"
+           "  - (\n"
+           "    job:argus_host_seconds:sum_increase\n"
+           "    - on (job) group_right rank:argus_host_seconds:increase\n"
+           "  )\n"
+           "  / on (job) group_left job:argus_host_seconds:other_ranks\n")
 
 
 def l1_trend_group(config: RulesConfig) -> dict:

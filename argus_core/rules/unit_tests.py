@@ -55,7 +55,9 @@ def values_text(values: list[float | str | None]) -> str:
 
 
 def _num(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
+    """A sample as promtool reads it: 12 significant digits, so that the generated files do
+    not change with the last bits of a machine's vectorised exp and log."""
+    return str(int(value)) if float(value).is_integer() else repr(float(f"{value:.12g}"))
 
 
 def rank_labels(config: RulesConfig, job: str, rank: int, dp: int = 0, tp: int = 0,
@@ -208,24 +210,61 @@ def l1_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
                                                           '$value | printf "%.1f"':
                                                           f"{ratio:.1f}"}))])))
 
+    tests += host_stall_tests(config, groups, stall_at, samples)
+    tests.append(regression_test(config, groups))
+    return tests
+
+
+HOST_STEPS_PER_INTERVAL = (1, 4, 25)  # 8, 32 and 200 steps per default host window
+
+
+def host_stall_tests(config: RulesConfig, groups: list[dict], stall_at: int,
+                     samples: int) -> list[dict]:
+    """ArgusHostStall at several steps per window: the rank whose GPU idled during a spike
+    fires; a healthy rank whose host is 1.5% busier than its peers' on every step (a cost
+    under the floor, summed over however many steps fit in the window) never does, even
+    when a small compute spike on another rank opens the gate."""
     rule = _rule(groups, "ArgusHostStall")
     host_s = 0.01
-    series = []
-    for rank in range(3):
-        series += steps.series(rank_labels(config, "stall", rank, dp=rank), host_s=host_s,
-                               stall={stall_at: spike_s}, stalled=rank == 2)
-    tests.append(_test(config, "ArgusHostStall: the rank whose GPU idled during the spike",
-                       series, alerts=[
-                           _check(config, stall_at, "ArgusHostStall", []),
-                           _check(config, stall_at + 1, "ArgusHostStall", [_expect(
-                               _alert_labels(config, rule, **rank_labels(config, "stall", 2, dp=2)),
-                               _annotations(rule, **{
-                                   "$labels.rank": "2", "$labels.host": "node-0",
-                                   "$labels.job": "stall",
-                                   "$value | humanizeDuration": _humanize_duration(spike_s)}))]),
-                       ]))
-
-    tests.append(regression_test(config, groups))
+    tests = []
+    for per in HOST_STEPS_PER_INTERVAL:
+        steps = _Steps(config, samples, steps_per_interval=per)
+        window_steps = round(config.host_window / config.evaluation_interval) * per
+        if window_steps <= config.exporter_window_steps:
+            # One stall that slows its interval on average: the alert waits one evaluation
+            # for the job to be back to its pace, with the spike still in the gauges' window.
+            stall_s = ((config.spike_ratio - 1) * steps.per + 2.2) * steps.step_s
+            stalls, fires_at = {stall_at: stall_s}, stall_at + 1
+        else:
+            # The gauges' window is shorter than an interval: a stall that leaves its
+            # interval at pace (so the spike counts at once), twice: one alone costs the job
+            # under the floor of the window's time (stall < 2 x floor), two more.
+            floor_s = config.min_cost_share * config.host_window
+            stall_s = 1.5 * floor_s
+            if not ((config.spike_ratio - 1) * steps.step_s <= stall_s
+                    < (config.spike_guard - 1) * steps.per * steps.step_s):
+                continue  # these settings leave no such stall: nothing to test at this rate
+            stalls, fires_at = {stall_at - 1: stall_s, stall_at: stall_s}, stall_at
+        stalled, busy = f"stall-{per}", f"busy-host-{per}"
+        series = []
+        for rank in range(3):
+            series += steps.series(rank_labels(config, stalled, rank, dp=rank), host_s=host_s,
+                                   stall=stalls, stalled=rank == 2)
+        small_spike = (config.spike_ratio - 1 + 0.1) * steps.step_s
+        for rank in range(3):
+            extra = 0.015 * steps.step_s if rank == 1 else 0.0
+            series += steps.series(rank_labels(config, busy, rank, dp=rank),
+                                   host_s=host_s + extra, stall={stall_at: small_spike})
+        expected = [_expect(
+            _alert_labels(config, rule, **rank_labels(config, stalled, 2, dp=2)),
+            _annotations(rule, **{"$labels.rank": "2", "$labels.host": "node-0",
+                                  "$labels.job": stalled, "$value | humanizeDuration":
+                                  _humanize_duration(sum(stalls.values()))}))]
+        tests.append(_test(
+            config, f"ArgusHostStall at {window_steps} steps per window: the rank whose GPU "
+                    f"idled during the spike, never a healthy rank with a busier host",
+            series, alerts=[_check(config, fires_at - 1, "ArgusHostStall", []),
+                            _check(config, fires_at, "ArgusHostStall", expected)]))
     return tests
 
 

@@ -6,6 +6,10 @@
     stall:ranks=3:steps=12,27:seconds=2.5                 host-side stalls before some steps
     stall:ranks=1:from=8:seconds=0.12:before=dp           a stall before the dp all-reduce of
                                                             every step from step 8 on
+    tail:ranks=5:kernel=dgrad:share=0.1:factor=6:from=0    a tenth of the executions of the
+                                                            kernels named *dgrad* 6x slower
+                                                            (a tail fault: medians unchanged;
+                                                            spread evenly over the steps)
 
 A ``link`` fault slows every member of the affected collective groups (a collective runs at
 its slowest link); with ``local=1`` only the named ranks' collective kernels take longer (an
@@ -19,7 +23,7 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class Fault:
-    """One injected fault. ``kind`` is compute, link or stall."""
+    """One injected fault. ``kind`` is compute, link, stall or tail."""
 
     kind: str
     ranks: tuple[int, ...]
@@ -33,6 +37,8 @@ class Fault:
     seconds: float = 0.0  # stall: length of each stall
     before: str = ""  # stall: the part of the step it delays ("" = the step's start)
     local: bool = False  # link: only the named ranks' kernels are slower
+    kernel: str = ""  # tail: the kernels whose names contain this
+    share: float = 0.0  # tail: the share of their executions slowed by ``factor``
 
     def active(self, step: int) -> bool:
         """Whether the fault applies at ``step``."""
@@ -50,6 +56,9 @@ class Fault:
                           for _ in [0] if self.ops)
             return (f"link:ranks={ranks}:axis={self.axis}:factor={self.factor:g}{ops}"
                     f":from={self.start}{':local=1' if self.local else ''}")
+        if self.kind == "tail":
+            return (f"tail:ranks={ranks}:kernel={self.kernel}:share={self.share:g}"
+                    f":factor={self.factor:g}:from={self.start}")
         when = f"steps={_ranges(self.steps)}" if self.steps else f"from={self.start}"
         before = f":before={self.before}" if self.before else ""
         return f"stall:ranks={ranks}:{when}:seconds={self.seconds:g}{before}"
@@ -88,8 +97,9 @@ def _flag(text: str) -> bool:
 def parse_fault(spec: str) -> Fault:
     """Parse the text form above; raises ValueError naming the bad part."""
     kind, *parts = spec.split(":")
-    if kind not in ("compute", "link", "stall"):
-        raise ValueError(f"fault {spec!r}: kind must be compute, link or stall, not {kind!r}")
+    if kind not in ("compute", "link", "stall", "tail"):
+        raise ValueError(f"fault {spec!r}: kind must be compute, link, stall or tail, "
+                         f"not {kind!r}")
     fields: dict[str, str] = {}
     for part in parts:
         key, sep, value = part.partition("=")
@@ -115,6 +125,12 @@ def parse_fault(spec: str) -> Fault:
             fault = Fault("link", ranks, axis=fields.pop("axis"),
                           factor=float(fields.pop("factor")), ops=ops, start=start,
                           local=_flag(fields.pop("local", "0")))
+        elif kind == "tail":
+            share = float(fields.pop("share"))
+            if not 0 < share <= 1:
+                raise ValueError(f"share must be in (0, 1], got {share:g}")
+            fault = Fault("tail", ranks, kernel=fields.pop("kernel"), share=share,
+                          factor=float(fields.pop("factor")), start=start)
         else:
             steps = _ranks(fields.pop("steps")) if "steps" in fields else ()
             fault = Fault("stall", ranks, steps=steps, start=start,

@@ -111,6 +111,9 @@ class SimConfig:
             if unknown:
                 raise ValueError(f"fault {fault}: unknown phase {unknown[0]!r} "
                                  f"(phases: {', '.join(parts)})")
+            known = [k[0] for k in (*KERNELS, *STAGE_KERNELS)]
+            if fault.kind == "tail" and not any(fault.kernel in name for name in known):
+                raise ValueError(f"fault {fault}: no kernel name contains {fault.kernel!r}")
             if fault.kind == "stall" and fault.before and fault.before not in STEP_ORDER:
                 raise ValueError(f"fault {fault}: before must be one of "
                                  f"{', '.join(STEP_ORDER)}")
@@ -344,6 +347,13 @@ def _step(job: _Job, step: int):
             cols = np.flatnonzero(layout.slot == STEP_ORDER.index(fault.axis))
             factor = np.array([_op_factor(fault, layout.names[layout.name[c]]) for c in cols])
             dur[np.ix_(ranks, cols)] *= factor
+        elif fault.kind == "tail":
+            cols = np.flatnonzero([fault.kernel in layout.names[n] for n in layout.name])
+            # ``share`` of the executions, spread evenly over the steps (and over any regular
+            # subset of them, such as the traced ones): a golden-ratio sequence.
+            k = step * len(cols) + np.arange(len(cols))
+            hit = (k * 0.6180339887498949) % 1.0 < fault.share
+            dur[np.ix_(ranks, cols)] *= np.where(hit, fault.factor, 1.0)[None, :]
         elif fault.kind == "stall" and fault.before:
             gap[ranks, STEP_ORDER.index(fault.before)] += fault.seconds
         elif fault.kind == "stall":

@@ -99,9 +99,37 @@ class Stack:
 
     @property
     def endpoints(self) -> dict[str, str]:
-        """The five URLs of the ``status --json`` contract."""
-        return {name: self.urls[name] for name in
-                ("prometheus", "alertmanager", "processor", "scorer", "s3")}
+        """The five URLs of the ``status --json`` contract, plus ``sink`` (the ARGUS_SINK a
+        training job posts its records to) and ``targets`` (the folder of metrics targets)."""
+        out = {name: self.urls[name] for name in
+               ("prometheus", "alertmanager", "processor", "scorer", "s3")}
+        out["sink"] = self.sink
+        out["targets"] = str(self.workdir / "targets")
+        return out
+
+    @property
+    def sink(self) -> str:
+        """The URL a training job's exporters post records to (its ARGUS_SINK)."""
+        return f"{self.urls['processor']}/v1/records"
+
+    def add_targets(self, job: str, targets: list[str]) -> Path:
+        """Have Prometheus scrape a job's ranks (``host:port`` of each rank's /metrics): a
+        file_sd file ``targets/JOB.json``, replaced whole; an empty list removes it."""
+        if not job or "/" in job or job.startswith("."):
+            raise StackError(f"job name {job!r}: expected a plain name (no '/')")
+        for target in targets:
+            host, sep, port = target.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise StackError(f"target {target!r}: expected HOST:PORT")
+        path = self.workdir / "targets" / f"{job}.json"
+        if not targets:
+            path.unlink(missing_ok=True)
+            return path
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps([{"targets": targets, "labels": {"argus_job": job}}],
+                                  indent=1))
+        tmp.replace(path)  # Prometheus never reads a half-written file
+        return path
 
     def dead(self) -> list[str]:
         """Names of recorded processes that are not running."""

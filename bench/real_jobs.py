@@ -1,0 +1,160 @@
+"""Benchmark: the diagnosis on real training jobs (torch DDP on CPU, gloo), not the simulator.
+
+    python bench/real_jobs.py [--json] [--runs 3] [--cases healthy-2,forward-2] [--record DIR]
+
+Every case starts a real job with ``torchrun`` (``tests/scripts/ddp_train.py``: 1, 2, 4 or
+8 ranks, the one-line ``instrument`` or zero-code ``argus run``), healthy or with one fault
+injected on one rank (slow forward or backward, sustained or intermittent host stalls, a slow
+data loader, a CPU hog on the rank's core, slow forwards on a tenth of the steps), spools its
+records to files and diagnoses them. A case is as expected when the verdicts name exactly the
+faulty rank with its cause (healthy: no verdict at all); ``false_verdicts`` counts verdicts on
+ranks no fault touched. The machine's own noise (other ranks on the same cores, the scheduler,
+the garbage collector) is what the diagnosis must see through. ``--record DIR`` keeps each
+run's spool as ``DIR/CASE.ndjson.gz`` (the recordings under tests/data/real_jobs came from it).
+The last line (--json) is ``{"runs", "cases", "as_expected", "false_verdicts", ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from _report import report
+
+from argus_core.detect.diagnose import diagnose
+from argus_core.reader import load_traces
+
+SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "scripts" / "ddp_train.py"
+BIN = Path(sys.executable).parent
+
+
+@dataclass(frozen=True)
+class Case:
+    """One real job: its size, how it is instrumented, its fault and the expected verdicts."""
+
+    name: str
+    ranks: int
+    env: dict[str, str] = field(default_factory=dict)
+    expected: dict[int, str] = field(default_factory=dict)
+    zero_code: bool = False  # ``argus run`` instead of the one-line instrument
+
+
+def _fault(rank: int, kind: str, seconds: float, **extra: str) -> dict[str, str]:
+    return {"ARGUS_TEST_SLOW_RANK": str(rank), "ARGUS_TEST_FAULT": kind,
+            "ARGUS_TEST_SLEEP_S": str(seconds), **extra}
+
+
+CASES = [
+    Case("healthy-1", 1),
+    Case("healthy-2", 2),
+    Case("healthy-2-zero-code", 2, zero_code=True),
+    Case("healthy-4", 4),
+    Case("healthy-8", 8),
+    Case("forward-2", 2, _fault(1, "forward", 0.02), {1: "compute"}),
+    Case("forward-8-late", 8, _fault(5, "forward", 0.03, ARGUS_TEST_FROM="25"),
+         {5: "compute"}),
+    Case("backward-4-zero-code", 4, _fault(2, "backward", 0.02), {2: "compute"},
+         zero_code=True),
+    Case("host-4", 4, _fault(3, "host", 0.05), {3: "host"}),
+    Case("stall-2", 2, _fault(0, "stall", 0.4, ARGUS_TEST_STALL_STEPS="20,45"), {0: "host"}),
+    Case("stall-1", 1, _fault(0, "stall", 0.08, ARGUS_TEST_STALL_STEPS="20,45"), {0: "host"}),
+    Case("data-2", 2, _fault(1, "data", 0.03, ARGUS_TEST_FROM="20"), {1: "host"}),
+    Case("hog-2", 2, _fault(1, "hog", 0.0, ARGUS_TEST_PIN="1"), {1: "compute"}),
+    Case("tail-4", 4, _fault(1, "tail", 0.08, ARGUS_TEST_TAIL_SHARE="0.1"), {1: "compute"}),
+]
+STEPS = 60
+WIDTH = 1024  # ~20 ms steps on one core
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_case(case: Case, spool: Path, steps: int = STEPS) -> None:
+    """Run the case's job to completion, spooling its records under ``spool``."""
+    torchrun = [str(BIN / "torchrun"), "--nproc-per-node", str(case.ranks), "--master-port",
+                str(_free_port()), str(SCRIPT)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ARGUS_TEST_STEPS": str(steps),
+           "ARGUS_TEST_WIDTH": str(WIDTH), **case.env}
+    if case.zero_code:
+        command = [str(BIN / "argus"), "run", "--sink", f"file://{spool}", "--job", case.name,
+                   "--", *torchrun]
+    else:
+        command = torchrun
+        env.update(ARGUS_ENABLED="1", ARGUS_SINK=f"file://{spool}", ARGUS_JOB=case.name,
+                   ARGUS_TEST_INSTRUMENT="1")
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{case.name}: the job failed:\n{proc.stderr[-2000:]}")
+
+
+def judge(case: Case, spool: Path) -> dict:
+    """The case's verdicts against what is expected."""
+    trace = load_traces([spool]).traces[case.name]
+    doc = diagnose(trace).to_json()
+    found = {v["rank"]: v["cause"] for v in doc["verdict"]}
+    false = sorted(r for r in found if r not in case.expected)
+    return {"case": case.name, "as_expected": found == case.expected, "verdicts": found,
+            "false_ranks": false, "evidence": [v["evidence"] for v in doc["verdict"]]}
+
+
+def record(spool: Path, out: Path) -> None:
+    """Concatenate a spool's files into one gzip NDJSON recording."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(out, "wb", compresslevel=9) as sink:
+        for path in sorted(spool.rglob("*")):
+            if path.is_file():
+                opener = gzip.open if path.suffix == ".gz" else open
+                with opener(path, "rb") as source:
+                    shutil.copyfileobj(source, sink)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--cases", default="", help="comma-separated case names (default all)")
+    parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--record", type=Path, help="keep each run's spool here")
+    args = parser.parse_args()
+    wanted = set(filter(None, args.cases.split(",")))
+    unknown = wanted - {c.name for c in CASES}
+    if unknown:
+        parser.error(f"unknown case(s): {', '.join(sorted(unknown))}")
+    cases = [c for c in CASES if not wanted or c.name in wanted]
+    results, start = [], time.perf_counter()
+    for run in range(args.runs):
+        for case in cases:
+            with tempfile.TemporaryDirectory() as tmp:
+                spool = Path(tmp) / "spool"
+                run_case(case, spool, args.steps)
+                outcome = judge(case, spool)
+                if args.record:
+                    suffix = f"-run{run}" if args.runs > 1 else ""
+                    record(spool, args.record / f"{case.name}{suffix}.ndjson.gz")
+            outcome["run"] = run
+            results.append(outcome)
+            mark = "ok " if outcome["as_expected"] else "BAD"
+            print(f"{mark} run {run} {case.name}: {outcome['verdicts']} "
+                  f"{'; '.join(outcome['evidence'])[:300]}", file=sys.stderr, flush=True)
+    missed = sorted({r["case"] for r in results if not r["as_expected"]})
+    report({"runs": args.runs, "cases": len(cases),
+            "as_expected": sum(r["as_expected"] for r in results),
+            "false_verdicts": sum(len(r["false_ranks"]) for r in results),
+            "not_as_expected": missed, "seconds": round(time.perf_counter() - start, 1)},
+           args.json)
+
+
+if __name__ == "__main__":
+    main()
