@@ -20,6 +20,9 @@ ms, MoE-like expert jitter, heavier first and last pipeline stages), diagnosed e
 at 8 ranks (dp=4, tp=2), 16 (dp=8, tp=2), 64 (dp=8, tp=4, pp=2) and 512 (dp=32, tp=8, pp=2;
 --scales picks them, 8,64,512 by default), with kernel noise 1x,
 2x and 3x the default 3%. ``false_verdict_runs`` counts runs where any other rank got a verdict.
+With ``--step-noise real-cpu`` every job also carries the step-level noise fitted to the real
+CPU jobs (``argus_core.simulate.REAL_CPU``: per-step jitter, drift, blips) and, as those jobs,
+step records only (no kernels: link and tail faults, which only kernels show, are skipped).
 The last line (--json) holds every cell and ``smallest``: per kind, scale and noise, the
 smallest size from which every larger size is found in >= 95% of seeds (null: none).
 """
@@ -27,6 +30,7 @@ smallest size from which every larger size is found in >= 95% of seeds (null: no
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import time
 
@@ -34,7 +38,7 @@ import numpy as np
 from _report import report
 
 from argus_core.detect.diagnose import diagnose
-from argus_core.simulate import SimConfig, parse_fault, simulate_trace
+from argus_core.simulate import REAL_CPU, SimConfig, parse_fault, simulate_trace
 from argus_core.topology import Topology
 
 SCALES = {8: "dp=4,tp=2", 16: "dp=8,tp=2", 64: "dp=8,tp=4,pp=2", 512: "dp=32,tp=8,pp=2"}
@@ -77,16 +81,22 @@ def fault_for(kind: str, size: float, topology: Topology) -> tuple[str, set[int]
     return spec, set(group.tolist()), "communication"
 
 
-def run_cell(kind: str, size: float, scale: int, noise: int, seeds: int, steps: int) -> dict:
-    """Hit rate and false verdicts of one (kind, size, scale, noise) over seeded jobs."""
+def run_cell(kind: str, size: float, scale: int, noise: int, seeds: int, steps: int,
+             real_noise: bool = False) -> dict:
+    """Hit rate and false verdicts of one (kind, size, scale, noise) over seeded jobs
+    (``real_noise``: with REAL_CPU step noise and step records only)."""
     topology = Topology.parse(SCALES[scale])
     spec, ranks, cause = fault_for(kind, size, topology)
     hits = false_runs = 0
     for seed in range(seeds):
         config = SimConfig(topology=topology, steps=steps, noise=0.03 * noise,
-                           seed=seed * 7919 + scale, faults=(parse_fault(spec),), **REALISTIC)
-        verdicts = {v["rank"]: v["cause"] for v in
-                    diagnose(simulate_trace(config)).to_json()["verdict"]}
+                           seed=seed * 7919 + scale, faults=(parse_fault(spec),), **REALISTIC,
+                           **({"step_noise": REAL_CPU} if real_noise else {}))
+        trace = simulate_trace(config)
+        if real_noise:
+            trace = dataclasses.replace(trace, kernels=trace.kernels.take(
+                np.zeros(len(trace.kernels), dtype=bool)))
+        verdicts = {v["rank"]: v["cause"] for v in diagnose(trace).to_json()["verdict"]}
         hits += all(verdicts.get(r) == cause for r in ranks)
         false_runs += any(r not in ranks for r in verdicts)
     return {"kind": kind, "size": size, "scale": scale, "noise": noise, "seeds": seeds,
@@ -113,10 +123,14 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--tail-steps", type=int, default=TAIL_STEPS)
+    parser.add_argument("--step-noise", choices=("none", "real-cpu"), default="none")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     scales = [int(s) for s in args.scales.split(",")]
     kinds = args.kinds.split(",")
+    real_noise = args.step_noise == "real-cpu"
+    if real_noise:
+        kinds = [k for k in kinds if k not in ("link", "tail")]
     t0 = time.perf_counter()
     cells = []
     for scale in scales:
@@ -124,13 +138,15 @@ def main() -> None:
             for noise in NOISE:
                 for size in SIZES[kind]:
                     steps = args.tail_steps if kind == "tail" else args.steps
-                    cells.append(run_cell(kind, size, scale, noise, args.seeds, steps))
+                    cells.append(run_cell(kind, size, scale, noise, args.seeds, steps,
+                                          real_noise))
                     if not args.json:
                         c = cells[-1]
                         print(f"{kind:8} {scale:4} ranks noise {noise}x size {size:5}: found "
                               f"{c['found']:.2f}, false-verdict runs {c['false_verdict_runs']}",
                               flush=True)
     result = {"seeds": args.seeds, "steps": args.steps, "tail_steps": args.tail_steps,
+              "step_noise": args.step_noise,
               "seconds": time.perf_counter() - t0,
               "step_seconds": {str(s): round(step_seconds(Topology.parse(SCALES[s])), 4)
                                for s in scales},

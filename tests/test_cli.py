@@ -570,7 +570,8 @@ def test_traces_open_refuses_an_expiry_s3_would_not_honour(tmp_path, expires, ca
 
 def test_stack_status_marks_what_is_not_running(tmp_path, capsys):
     """`argus stack status` on a stack whose processor died: its URL is flagged, the exit
-    code is 1 and stderr names it; --json keeps the five-URL contract."""
+    code is 1 and stderr names it; --json keeps the five-URL contract (plus the sink and the
+    targets folder)."""
     me = os.getpid()
     urls = {n: f"http://127.0.0.1:{9000 + i}" for i, n in
             enumerate(("prometheus", "alertmanager", "processor", "scorer", "s3"))}
@@ -586,4 +587,31 @@ def test_stack_status_marks_what_is_not_running(tmp_path, capsys):
     assert not lines["scorer"].endswith("(not running)")
     assert "not running: processor" in err
     assert main(["stack", "status", "--workdir", str(tmp_path), "--json"]) == 1
-    assert json.loads(capsys.readouterr().out) == urls
+    assert json.loads(capsys.readouterr().out) == {
+        **urls, "sink": urls["processor"] + "/v1/records", "targets": str(tmp_path / "targets")}
+
+
+def test_stack_targets_writes_what_prometheus_discovers(tmp_path, capsys):
+    """`argus stack targets` writes a real job's ranks as a file_sd file (a port range and
+    extra targets), replaces it on the next call, removes it with none, and refuses a bad
+    target or range naming it."""
+    Stack(tmp_path, {}, [], {}).save()
+    (tmp_path / "targets").mkdir()
+    assert main(["stack", "targets", "--workdir", str(tmp_path), "--job", "ddp",
+                 "--ports", "9100-9102", "10.0.0.5:9200"]) == 0
+    path = tmp_path / "targets" / "ddp.json"
+    groups = json.loads(path.read_text())
+    assert groups == [{"targets": ["127.0.0.1:9100", "127.0.0.1:9101", "127.0.0.1:9102",
+                                   "10.0.0.5:9200"], "labels": {"argus_job": "ddp"}}]
+    assert main(["stack", "targets", "--workdir", str(tmp_path), "--job", "ddp",
+                 "--ports", "9300"]) == 0
+    assert json.loads(path.read_text())[0]["targets"] == ["127.0.0.1:9300"]
+    assert main(["stack", "targets", "--workdir", str(tmp_path), "--job", "ddp"]) == 0
+    assert not path.exists()
+    capsys.readouterr()
+    assert main(["stack", "targets", "--workdir", str(tmp_path), "--job", "ddp",
+                 "nohost"]) == 2
+    assert "target 'nohost': expected HOST:PORT" in capsys.readouterr().err
+    assert main(["stack", "targets", "--workdir", str(tmp_path), "--job", "ddp",
+                 "--ports", "9105-9100"]) == 2
+    assert "--ports '9105-9100'" in capsys.readouterr().err

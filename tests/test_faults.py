@@ -85,3 +85,18 @@ def test_straggler_found_among_unequal_stages(rank):
                        count_jitter=0.05, **REALISTIC, faults=(fault,))
     doc = diagnose(simulate_trace(config)).to_json()
     assert verdicts(doc) == {rank: "compute"}
+
+
+@pytest.mark.parametrize(("topology", "rank"), [("dp=8,tp=2", 5), ("dp=8,tp=4,pp=2", 21)])
+def test_a_tail_only_kernel_fault_is_found(topology, rank):
+    """A tenth of one rank's dgrad GEMMs 3x slower: the kernel costs it 20% more time with
+    its median unchanged. Found as compute on that rank in every seed, nobody else blamed
+    (the rank's fattened tail does not widen its own fence)."""
+    fault = parse_fault(f"tail:ranks={rank}:kernel=dgrad:share=0.1:factor=3")
+    for seed in range(4):
+        config = SimConfig(topology=Topology.parse(topology), steps=60, seed=seed,
+                           kernel_every=2, **REALISTIC, faults=(fault,))
+        doc = diagnose(simulate_trace(config)).to_json()
+        assert verdicts(doc) == {rank: "compute"}, (seed, doc["verdict"])
+        assert any(s["rank"] == rank and "dgrad" in s["kernel"]
+                   for s in doc["l3"]["stragglers"])

@@ -24,7 +24,8 @@ from argus_core.detect.diagnose import diagnose
 from argus_core.detect.l1 import L1Config, detect_l1, spike_threshold
 from argus_core.detect.steps import step_matrix
 from argus_core.reader import load_traces
-from argus_core.simulate import CASES, simulate_trace
+from argus_core.simulate import CASES, REAL_CPU, SimConfig, fit_noise, simulate_trace
+from argus_core.topology import Topology
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).parent / "data" / "real_jobs"
@@ -68,10 +69,13 @@ def test_a_noisy_cpu_job_calibrates_its_own_spike_threshold():
     blips reach 2-3x), while a quiet simulated GPU job keeps the floor: the same 1.5x stall
     counts on one and not on the other."""
     noisy = [p for p in RECORDINGS if _case(p) in ("healthy-2", "healthy-4", "healthy-8")]
+    spikes = {}
     for path in noisy:
         l1 = detect_l1(step_matrix(_trace(path).steps))
         assert l1.spike_threshold > 2.0, path.name
-        assert l1.spikes == [], (path.name, l1.spikes)
+        spikes[path.name] = l1.spikes
+    # About spike_alpha false spikes per job: a rare real one, never a spike per recording.
+    assert sum(map(len, spikes.values())) <= len(noisy) // 4, spikes
     quiet = simulate_trace(CASES["healthy"].config(seed=0))
     assert detect_l1(step_matrix(quiet.steps)).spike_threshold == L1Config().spike_ratio
 
@@ -109,7 +113,7 @@ def _edited(path: Path, tmp_path: Path, rank: int, extra_s: dict[int, float]) ->
 def test_a_one_off_stall_is_never_a_verdict_and_repeated_ones_are(name, tmp_path):
     """One 0.4 s host stall on rank 1 of a real healthy job: a spike attributed to rank 1 in
     L1, but no verdict (one-off). The same stall at two steps: rank 1, host."""
-    path = next(p for p in RECORDINGS if _case(p) == name)
+    path = DATA / f"{name}.ndjson.gz"
     once = diagnose(_trace(_edited(path, tmp_path / "1", 1, {30: 0.4})))
     assert [s for s, _ in once.l1.spikes] == [30]
     assert {(c.rank, c.cause) for c in once.l1.culprits if c.step == 30} == {(1, "host")}
@@ -125,7 +129,7 @@ def test_a_verdict_under_the_cost_floor_is_minor(tmp_path):
     finding is listed as minor, with its cost, and is no verdict."""
     from argus_core.detect.diagnose import DiagnoseConfig
 
-    path = next(p for p in RECORDINGS if _case(p) == "healthy-1")
+    path = DATA / "healthy-1.ndjson.gz"
     trace = _trace(_edited(path, tmp_path, 0, {20: 0.006, 40: 0.006}))
     d = diagnose(trace)
     assert [s for s, _ in d.l1.spikes] == [20, 40]
@@ -149,3 +153,40 @@ def test_bench_runs_a_fresh_real_job(tmp_path):
     assert summary["runs"] == 1 and summary["cases"] == 1
     assert summary["as_expected"] == 1 and summary["false_verdicts"] == 0, proc.stderr
     assert (tmp_path / "stall-1.ndjson.gz").exists()
+
+
+def _own_seconds(trace):
+    """Each rank's own time per step (wall less waiting), warm-up left out."""
+    from argus_core.detect.arrival import collective_times
+
+    matrix = step_matrix(trace.steps)
+    times = collective_times(matrix, trace.coords(matrix.ranks))
+    return (matrix.wall - times.wait_s)[:, 2:]
+
+
+def test_the_real_noise_model_is_what_the_recordings_show():
+    """REAL_CPU is fitted to the healthy multi-rank recordings: each of its numbers lies
+    within the range the recordings give (the 1-rank job, alone on its core, is quieter)."""
+    fits = [fit_noise(_own_seconds(_trace(p))) for p in RECORDINGS
+            if _case(p) in ("healthy-2", "healthy-2-zero-code", "healthy-4", "healthy-8")]
+    assert len(fits) >= 8
+    for name in ("step_jitter", "drift", "blip_rate", "blip_excess"):
+        values = sorted(getattr(f, name) for f in fits)
+        low, high = values[len(values) // 10], values[-1 - len(values) // 10]
+        assert low * 0.8 <= getattr(REAL_CPU, name) <= high * 1.2, (name, values)
+
+
+def test_fit_noise_reads_back_what_the_simulator_put_in():
+    """A simulated job with REAL_CPU noise fits back to about REAL_CPU."""
+    trace = simulate_trace(SimConfig(topology=Topology(dp=8), steps=80, seed=3,
+                                     step_noise=REAL_CPU))
+    fitted = fit_noise(_own_seconds(trace))
+    assert fitted.step_jitter == pytest.approx(REAL_CPU.step_jitter, rel=0.3)
+    assert fitted.drift == pytest.approx(REAL_CPU.drift, rel=0.4)
+    assert fitted.blip_rate == pytest.approx(REAL_CPU.blip_rate, rel=0.5)
+
+
+def test_fit_noise_refuses_too_short_a_job():
+    """Fewer than 8 steps cannot tell drift from jitter: a clear error."""
+    with pytest.raises(ValueError, match="at least 8 steps"):
+        fit_noise([[0.1] * 5])

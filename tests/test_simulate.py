@@ -58,6 +58,7 @@ def test_link_fault_slows_the_whole_collective_group(trace_of):
     "link:ranks=4,5:axis=tp:factor=3:from=2:local=1",
     "stall:ranks=3:steps=12,27:seconds=2.5",
     "stall:ranks=1:from=8:seconds=0.12:before=dp",
+    "tail:ranks=5:kernel=dgrad:share=0.1:factor=6:from=0",
 ])
 def test_fault_spec_round_trip(spec):
     """Fault specs parse and print back to the same text."""
@@ -72,11 +73,35 @@ def test_fault_spec_round_trip(spec):
     ("stall:ranks=1:seconds=1", "needs steps=N,M or from=N"),
     ("link:ranks=1:axis=tp:factor=2:local=yes", "local must be 0 or 1"),
     ("compute:ranks=1:phases", "expected key=value"),
+    ("tail:ranks=1:kernel=dgrad:share=1.5:factor=2", "share must be in"),
+    ("tail:ranks=1:kernel=dgrad:factor=2", "missing share="),
 ])
 def test_bad_fault_specs(spec, message):
     """A bad fault spec is refused with a message naming what is wrong."""
     with pytest.raises(ValueError, match=message):
         parse_fault(spec)
+
+
+def test_tail_fault_slows_a_share_of_one_kernels_executions():
+    """A tail fault slows exactly its share of the named kernel's executions on its rank,
+    spread over the steps (its median unchanged); other kernels and ranks are untouched, and
+    a kernel name nothing matches is refused."""
+    fault = parse_fault("tail:ranks=2:kernel=dgrad:share=0.1:factor=6")
+    base = simulate_trace(SimConfig(topology=Topology(dp=4), steps=40, seed=1))
+    slow = simulate_trace(SimConfig(topology=Topology(dp=4), steps=40, seed=1, faults=(fault,)))
+    dgrad = [i for i, n in enumerate(base.kernels.names) if "dgrad" in n]
+    mine = (base.kernels.rank == 2) & np.isin(base.kernels.name, dgrad)
+    ratio = slow.kernels.dur_ns[mine] / base.kernels.dur_ns[mine]
+    assert np.mean(ratio > 3) == pytest.approx(0.1, abs=0.02)
+    assert np.median(ratio) == pytest.approx(1.0, abs=0.01)
+    from argus_core.taxonomy import is_comm_kernel
+
+    compute = ~np.array([is_comm_kernel(n) for n in base.kernels.names])[base.kernels.name]
+    others = compute & (base.kernels.rank != 2)  # their collectives wait for rank 2
+    assert np.array_equal(slow.kernels.dur_ns[others], base.kernels.dur_ns[others])
+    with pytest.raises(ValueError, match="no kernel name contains 'nope'"):
+        SimConfig(topology=Topology(dp=4), faults=(parse_fault(
+            "tail:ranks=1:kernel=nope:share=0.1:factor=2"),))
 
 
 def test_fault_rank_outside_world():

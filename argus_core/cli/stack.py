@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
                 raise StackError(f"--time-scale {args.time_scale:g}: expected a factor > 0")
             stack = up(StackConfig(Path(args.workdir), tuple(args.simulate), args.ranks,
                                    args.time_scale, args.rules_config))
-            _print(stack)
+            _print(stack, hint=True)
             return 0
         stack = Stack.load(args.workdir)
         if args.action == "targets":
@@ -100,9 +100,9 @@ def _port_range(host: str, ports: str | None) -> list[str]:
     return [f"{host}:{p}" for p in range(int(lo), int(hi or lo) + 1)]
 
 
-def _print(stack, dead: set[str] = frozenset()) -> None:
+def _print(stack, dead: set[str] = frozenset(), hint: bool = False) -> None:
     """Each endpoint (a component that is not running says so next to its URL), each live
-    job's state and log, and the logs folder."""
+    job's state and log, the logs folder and the sink; with ``hint``, how a real job joins."""
     width = max(len(k) for k in stack.urls)
     for name, url in stack.urls.items():
         print(f"{name:>{width}}  {url}{'  (not running)' if name in dead else ''}")
@@ -112,6 +112,8 @@ def _print(stack, dead: set[str] = frozenset()) -> None:
             print(f"{process.name:>{width}}  {state}, log {process.log}")
     print(f"{'logs':>{width}}  {stack.workdir / 'logs'}")
     print(f"{'sink':>{width}}  {stack.sink}")
+    if not hint:
+        return
     print(f"\nA real job: start its ranks with ARGUS_ENABLED=1 ARGUS_SINK={stack.sink} "
           f"ARGUS_METRICS_PORT=9100, then\n  argus stack targets --workdir {stack.workdir} "
           f"--job NAME --ports 9100-9103   (one port a local rank)")

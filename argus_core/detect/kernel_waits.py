@@ -12,10 +12,15 @@ own clock (clock offsets between ranks cancel); the L3 peer set when the trace h
 
 Within that group, as for phases (``arrival``):
 
-    wait = clip(min(d - shortest d of the execution, latest arrival - own arrival), 0, d)
+    wait = clip(min(d - shortest d of the execution,
+                    (1 + ARRIVAL_TOLERANCE) x (latest arrival - own arrival)), 0, d)
 
 The first bound is exact for a synchronous collective; the second needs someone to have
-arrived later. Arrival is measured from three anchors of the rank's step (its first kernel,
+arrived later. Arrivals are measured from anchors that jitter between ranks by a few ms (a
+host leads its device by a varying amount), so the second bound is taken with
+``ARRIVAL_TOLERANCE`` to spare: a rank that waited 110 ms for a late peer must not keep 4 ms
+of it as "transfer" on a 0.4 ms kernel, while a kernel slow with nobody arriving later keeps
+all of its time. Arrival is measured from three anchors of the rank's step (its first kernel,
 the host's step start ``t_ns``, which also counts a host stall before the step, and the end
 of its previous step's last kernel) and the most lenient is kept. The kernel is scored on
 ``d - wait``: a rank that only waited looks like its peers, while a collective that is slow
@@ -29,6 +34,8 @@ import numpy as np
 from argus_core.stats.grouping import dense_ids
 from argus_core.taxonomy import is_comm_kernel
 from argus_core.trace import KernelTable
+
+ARRIVAL_TOLERANCE = 0.25  # the arrival bound, widened by this share of itself
 
 
 def transfer_durations(kernels: KernelTable, step_col: np.ndarray, groups: list[np.ndarray],
@@ -79,6 +86,7 @@ def transfer_durations(kernels: KernelTable, step_col: np.ndarray, groups: list[
         latest = np.full(n_exec, np.iinfo(np.int64).min)
         np.maximum.at(latest, execution, arrival)
         np.maximum(cap, latest[execution] - arrival, out=cap)
+    cap = cap + (cap * ARRIVAL_TOLERANCE).astype(np.int64)
     wait = np.clip(np.minimum(d - shortest[execution], cap), 0, d)
     dur[idx] = d - wait
     return dur

@@ -22,7 +22,9 @@ Exactly what a rank is flagged on (the recording rules reproduce this):
    from ``min_pool`` ranks on, pairs and groups pooled separately); ``se`` is the standard
    error of the rank's own median (1.2533 x the step-to-step noise of x / sqrt(steps), the
    noise widened by Student's t for steps - 1 degrees of freedom at the family-wise level,
-   since it is estimated from those few steps), and ``scale_floor`` the rank-to-rank spread
+   since it is estimated from those few steps, and by ``drift_factor``: how much more the
+   medians of 5-step batches vary than independent steps would, pooled over the rows: real
+   ranks drift for a few steps), and ``scale_floor`` the rank-to-rank spread
    assumed when too few ranks show it (counted twice for a pair: two ranks differ).
 4. Flag when ``exp(s) >= min_ratio`` and ``s / sigma >= z_family``, where
    ``z_family = max(z_threshold, Phi^-1(1 - alpha / N))`` and N is the number of statistics
@@ -260,6 +262,7 @@ def _series_stats(x: np.ndarray, config: L2Config, onset_z: float, p_family: flo
     noise = row_noise(filled, floor=config.scale_floor / 4)
     if len(noise) >= config.min_pool:  # a few steps misjudge one row's noise: pool them
         noise = np.maximum(noise, np.median(noise))
+    noise = noise * np.sqrt(drift_factor(filled, noise))  # the noise of medians and means
     onset, stat = upward_shifts(filled, config.onset_min_steps, noise)
     shifted = stat >= onset_z
     later = np.arange(x.shape[1])[None, :] >= np.where(shifted, onset, 0)[:, None]
@@ -274,6 +277,29 @@ def _series_stats(x: np.ndarray, config: L2Config, onset_z: float, p_family: flo
     after = nanmedian(np.where(later & valid, x, np.nan), axis=1)
     shifted &= np.isfinite(after)
     return np.where(shifted, after, median), np.where(shifted, onset, -1), floor
+
+
+DRIFT_BATCH = 5  # steps per batch when reading how much ranks drift
+
+
+def drift_factor(x: np.ndarray, noise: np.ndarray, batch: int = DRIFT_BATCH) -> float:
+    """How much more a median over steps varies than step-to-step noise says, pooled over the
+    rows of (rows x steps) ``x`` (1 when the steps are independent, never below).
+
+    Real ranks drift for a few steps (the scheduler, a busy core, thermals): consecutive
+    steps are alike, so the step-to-step noise understates how far a rank's median wanders.
+    The medians of consecutive batches of ``batch`` steps show it: their variance over what
+    independent steps give (pi/2 noise^2 / batch), median over the rows (the healthy majority
+    calibrates it; one row's real shift does not)."""
+    rows, n = x.shape
+    batches = n // batch
+    if batches < 3 or rows == 0:
+        return 1.0
+    medians = np.median(x[:, :batches * batch].reshape(rows, batches, batch), axis=2)
+    with np.errstate(all="ignore"):
+        ratio = np.var(medians, axis=1, ddof=1) / (np.pi / 2 * noise ** 2 / batch)
+    ratio = ratio[np.isfinite(ratio)]
+    return float(max(1.0, np.median(ratio))) if len(ratio) else 1.0
 
 
 def _pooled_sigma(s: np.ndarray, config: L2Config) -> float:

@@ -4,7 +4,10 @@ Real first and last stages are heavier (the embedding; the LM head and the loss)
 their phase times with the middle stages' would flag them on every healthy job. A stage's
 inventory is how many times per step it runs each compute kernel (median over its ranks);
 stages with the same inventory are alike and compared along pp, others are not. Without
-kernel records every stage is presumed alike.
+kernel records nothing says which stages are alike (real stages differ by 5-20% on healthy
+runs): each stage is its own class, and L2 does not compare ranks along pp (unless told to,
+``l2.compare_unlike_stages``); a stage that slows is then found in time, by L1's regression
+and its attribution to the rank whose own compute rose.
 """
 
 from __future__ import annotations
@@ -19,18 +22,19 @@ from argus_core.trace import KernelTable
 
 def stage_classes(kernels: KernelTable, step_col: np.ndarray, ranks: np.ndarray,
                   coords: np.ndarray) -> np.ndarray | None:
-    """Class of each rank's pipeline stage (ranks in ``ranks`` order); None without kernels.
+    """Class of each rank's pipeline stage (ranks in ``ranks`` order): None without a pp
+    axis; each stage its own class without compute kernels to tell.
 
     ``step_col`` is each kernel's step (-1 outside every step), from ``place_kernels``.
     """
     pp = coords[:, AXES.index("pp")]
+    if len(np.unique(pp)) < 2:
+        return None
     placed = step_col >= 0
-    if len(np.unique(pp)) < 2 or not placed.any():
-        return None
     compute = np.array([not is_comm_kernel(n) for n in kernels.names], dtype=bool)
-    keep = placed & compute[kernels.name]
+    keep = placed & compute[kernels.name] if len(kernels) else placed
     if not keep.any():
-        return None
+        return np.unique(pp, return_inverse=True)[1].reshape(-1)
     row = np.searchsorted(ranks, kernels.rank[keep])
     n_names = len(kernels.names)
     counts = np.bincount(row * n_names + kernels.name[keep].astype(np.int64),

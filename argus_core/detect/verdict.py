@@ -19,8 +19,9 @@ Every verdict needs a significant test *and* a cost worth acting on:
   job's own noise, ``detect.l1``) on the rank, or more of the job's spikes and blips on it
   than chance gives (a binomial test against a uniform share of the ranks, corrected for the
   number of ranks). A one-off blip is never a verdict;
-- a regression is sustained when it lasts to the end of the trace or ``min_episode_steps``;
-  a shorter episode that recovers (real machines drift for a few steps) makes no verdict.
+- a regression is sustained when it lasts ``min_episode_steps``, or ``min_sustained_steps``
+  if it is still on at the trace's end; a shorter episode (real machines drift for a few
+  steps) makes no verdict.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class VerdictConfig:
     repeat_alpha: float = 0.01  # spikes and blips on one rank beyond chance (family-wise)
     min_repeats: int = 3  # ... and at least this many
     min_episode_steps: int = 20  # a regression that ends before the trace is this long
+    min_sustained_steps: int = 8  # a regression still on at the trace's end is this long
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,8 @@ def build_verdicts(l1: L1Result, l2: L2Result, l3: list[KernelFinding],
             verdict = Verdict(rank, "communication", _link_evidence(
                 links, collectives, l3), cost)
         elif culprits.get(rank):
-            mine = culprits[rank]
+            cause = _culprit_cause(culprits[rank])
+            mine = [c for c in culprits[rank] if c.cause == cause]
             cost = _culprits_cost(mine, context)
             verdict = Verdict(rank, _culprit_cause(mine), _culprit_evidence(
                 rank, mine, l1, stacks or [], step_starts, context), cost)
@@ -145,9 +148,12 @@ def _repeated_culprits(l1: L1Result, context: JobContext,
     world = max(context.world, len(by_rank), 1)
     out = {}
     def sustained(c: Culprit) -> bool:
-        ends = c.last_step is None or context.last_step is None or c.last_step >= \
-            context.last_step
-        return ends or c.last_step - c.step + 1 >= config.min_episode_steps
+        if c.last_step is None or context.last_step is None:
+            return True
+        length = c.last_step - c.step + 1
+        if c.last_step >= context.last_step:  # still on: long enough to be a level
+            return length >= config.min_sustained_steps
+        return length >= config.min_episode_steps
 
     for rank, mine in by_rank.items():
         kept = [c for c in mine if c.event == "regression" and sustained(c)]
@@ -166,11 +172,13 @@ def _repeated_culprits(l1: L1Result, context: JobContext,
 
 
 def _culprit_cause(culprits: list[Culprit]) -> str:
-    """A regression's cause when there is one, else the most frequent cause of the spikes."""
-    regressions = [c for c in culprits if c.event == "regression"]
-    if regressions:
-        return max(regressions, key=lambda c: c.excess_s).cause
-    return Counter(c.cause for c in culprits).most_common(1)[0][0]
+    """The cause whose culprits cost the job the most time in all (a regression: its excess
+    a step times its steps; a spike: its excess)."""
+    total: Counter[str] = Counter()
+    for c in culprits:
+        steps = (c.last_step - c.step + 1) if c.event == "regression" and c.last_step else 1
+        total[c.cause] += max(c.excess_s, 0.0) * steps
+    return total.most_common(1)[0][0] if total else culprits[0].cause
 
 
 def _findings_cost(findings, onset: int | None, context: JobContext) -> Cost | None:

@@ -112,13 +112,21 @@ def _findings(found, rules: RulesConfig) -> tuple:
                       if f.kind == "communication"))
 
 
+def metrics_view(config):
+    """The core as the metrics pipeline judges: without kernel summaries nothing tells which
+    pipeline stages are alike, and the rules' axes (and the scorer without summaries) compare
+    the stages as alike; the core on a trace without kernels would not, unless told so."""
+    return dataclasses.replace(config, l2=dataclasses.replace(config.l2,
+                                                              compare_unlike_stages=True))
+
+
 def margins(lax: bool):
     """The core's thresholds moved by the margin within which two estimators of the same
     statistic may decide differently (``lax``: towards flagging more)."""
     from argus_core.detect.diagnose import DiagnoseConfig
 
     sign = -1 if lax else 1
-    base = DiagnoseConfig()
+    base = metrics_view(DiagnoseConfig())
     l1, l2 = base.l1, base.l2
     return dataclasses.replace(base, l1=dataclasses.replace(
         l1, spike_ratio=l1.spike_ratio + sign * 0.15,
@@ -133,9 +141,10 @@ def core_expectation(trace, rules: RulesConfig) -> Expected:
     """The core's L1/L2 findings on a trace, mapped to the alerts that should fire, and
     whether they are borderline: found differently with every threshold moved by its
     margin one way or the other."""
-    from argus_core.detect.diagnose import diagnose
+    from argus_core.detect.diagnose import DiagnoseConfig, diagnose
 
-    spike, regression, hosts, stragglers, links = _findings(diagnose(trace), rules)
+    spike, regression, hosts, stragglers, links = _findings(
+        diagnose(trace, metrics_view(DiagnoseConfig())), rules)
     borderline = []
     for lax in (False, True):
         moved = _findings(diagnose(trace, margins(lax)), rules)

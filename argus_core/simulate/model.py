@@ -26,6 +26,7 @@ import numpy as np
 
 from argus_core.schema import AXES, RankRecord, StackRecord, coords_dict
 from argus_core.simulate.faults import Fault
+from argus_core.simulate.noise import NoiseModel
 from argus_core.topology import Topology, axis_groups
 from argus_core.trace import KernelTable, StepTable, Trace
 
@@ -87,6 +88,7 @@ class SimConfig:
     count_jitter: float = 0.0  # expert kernels: share dropped and log-sd of load, per step
     unequal_stages: bool = False  # first and last pipeline stages do extra work
     kernel_every: int = 1  # kernels recorded in 1 step of N (ARGUS_KERNEL_DUTY)
+    step_noise: NoiseModel = field(default_factory=NoiseModel)  # real jobs' step-level noise
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -187,6 +189,7 @@ class _Job:
         self.layout = _layout(topo, config.unequal_stages)
         self.groups = {axis: axis_groups(self.coords, axis) for axis in COMM_STREAM}
         self.rank_speed = np.exp(self.rng.normal(0.0, config.rank_spread, self.world))
+        self.drift = np.zeros(self.world)  # each rank's log speed drift (step_noise)
         self.clock_offset_ns = (self.rng.normal(0.0, config.clock_offset_s, self.world)
                                 * 1e9).astype(np.int64)
         pp = self.coords[:, AXES.index("pp")]
@@ -331,6 +334,8 @@ def _step(job: _Job, step: int):
         dur[:, expert] *= load[:, None]
         present[:, expert] &= rng.random((world, len(expert))) >= config.count_jitter
     stall = np.zeros(world)
+    if config.step_noise.active:
+        _step_noise(job, dur, stall)
     gap = np.zeros((world, len(STEP_ORDER)))  # host stalls inside the step: the device idles
     local_links = []
     for fault in config.faults:
@@ -393,6 +398,23 @@ def _step(job: _Job, step: int):
     idle_before = np.cumsum(gap, axis=1)[:, layout.slot] if gap.any() else 0.0
     offsets += (idle_before * 1e9).astype(np.int64) if gap.any() else 0
     return dur, present, phases, clock - stall, stall, offsets
+
+
+def _step_noise(job: _Job, dur: np.ndarray, stall: np.ndarray) -> None:
+    """A step of real jobs' noise, in place: every rank's compute scaled by its drift and this
+    step's jitter; blips of at least 1.5x, half a host stall before the step, half compute."""
+    noise, rng, layout = job.config.step_noise, job.rng, job.layout
+    compute = np.array([STEP_ORDER[s] not in COMM_STREAM for s in layout.slot])
+    rho = noise.drift_corr
+    job.drift = rho * job.drift + np.sqrt(1 - rho ** 2) * rng.normal(0.0, noise.drift, job.world)
+    scale = np.exp(job.drift + rng.normal(0.0, noise.step_jitter, job.world))
+    blip = rng.random(job.world) < noise.blip_rate
+    extra = np.where(blip, 0.5 + rng.exponential(max(noise.blip_excess, 1e-9), job.world), 0.0)
+    on_host = blip & (rng.random(job.world) < 0.5)
+    own_s = dur[:, compute].sum(axis=1) * 1e-9
+    stall += np.where(on_host, extra * own_s, 0.0)
+    scale *= np.where(blip & ~on_host, 1 + extra, 1.0)
+    dur[:, compute] *= scale[:, None]
 
 
 def _op_factor(fault: Fault, kernel: str) -> float:

@@ -125,6 +125,7 @@ class Stack:
         if not targets:
             path.unlink(missing_ok=True)
             return path
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps([{"targets": targets, "labels": {"argus_job": job}}],
                                   indent=1))

@@ -2,7 +2,8 @@
 
 ARGUS_TEST_INSTRUMENT=1 uses the one-line API (forward/backward/optimizer + DDP comm hook);
 otherwise the script has no Argus code (for ``argus run``). ARGUS_TEST_WIDTH sets the model's
-hidden width (step time), ARGUS_TEST_STEPS the number of steps.
+hidden width (step time), ARGUS_TEST_STEPS the number of steps (or, with ARGUS_TEST_SECONDS,
+as many as fit in that long).
 
 One injected fault, on rank ARGUS_TEST_SLOW_RANK (none when unset), of ARGUS_TEST_SLEEP_S
 seconds, from step ARGUS_TEST_FROM on, of kind ARGUS_TEST_FAULT:
@@ -25,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 STEPS = int(os.environ.get("ARGUS_TEST_STEPS", "30"))
+SECONDS = float(os.environ.get("ARGUS_TEST_SECONDS", "0"))
 WIDTH = int(os.environ.get("ARGUS_TEST_WIDTH", "64"))
 SLOW_RANK = int(os.environ.get("ARGUS_TEST_SLOW_RANK", "-1"))
 SLEEP_S = float(os.environ.get("ARGUS_TEST_SLEEP_S", "0.03"))
@@ -68,7 +70,14 @@ if os.environ.get("ARGUS_TEST_INSTRUMENT") == "1":
 
     argus_exporters.instrument(model, optimizer)
     model.register_comm_hook(None, argus_exporters.ddp_comm_hook())
-for step in range(STEPS):
+started = time.monotonic()
+for step in range(1 << 40 if SECONDS else STEPS):
+    if SECONDS and step % 50 == 0:  # all stop at the same step: rank 0 decides (a sync
+        # point once in 50 steps, as a job's periodic logging is)
+        stop = torch.tensor([float(time.monotonic() - started >= SECONDS)])
+        dist.broadcast(stop, 0)
+        if stop.item():
+            break
     _sleep_when(FAULT == "data")
     batch = torch.randn(32, WIDTH)
     _sleep_when(FAULT == "host" or (FAULT == "stall" and step in STALL_STEPS))

@@ -1,0 +1,108 @@
+"""Benchmark: the live alerts on real training jobs, the local stack fed by real torch jobs.
+
+    python bench/real_stack.py [--json] [--minutes 3] [--cases straggler,healthy]
+
+For each case, ``argus stack up`` (Prometheus with the rules, Alertmanager, the processor,
+the scorer, S3 on loopback; time scale 15) and one real 4-rank torch DDP job on CPU
+(``tests/scripts/ddp_train.py``, the one-line instrument) posting its records to the stack's
+sink and serving its metrics to the stack's Prometheus (``argus stack targets``), for
+--minutes. ``straggler``: rank 1 sleeps 30 ms in every forward (a compute straggler, the
+README's "ArgusStragglerRank" case); ``healthy``: nothing. What reached Alertmanager's webhook
+is then compared with what should have: the straggler's ArgusStragglerRank for rank 1 and
+no other fail-slow alert; nothing fail-slow for the healthy job. The last line (--json) is
+``{"cases": {NAME: {"fail_slow": [[alert, rank], ...], "as_expected": bool, "first_s": ...}},
+"as_expected": bool}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _report import report
+
+from argus_core.rules.alerts import FAIL_SLOW
+from argus_core.stack.processes import free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "tests" / "scripts" / "ddp_train.py"
+BIN = Path(sys.executable).parent
+RANKS = 4
+CASES = {"straggler": ({"ARGUS_TEST_SLOW_RANK": "1", "ARGUS_TEST_FAULT": "forward",
+                        "ARGUS_TEST_SLEEP_S": "0.03"}, {("ArgusStragglerRank", "1")}),
+         "healthy": ({}, set())}
+
+
+def argus(*args: str) -> subprocess.CompletedProcess:
+    """The real command line."""
+    return subprocess.run([sys.executable, "-m", "argus_core.cli", *args], text=True,
+                          capture_output=True, timeout=300)
+
+
+def run_case(name: str, minutes: float, workdir: Path) -> dict:
+    """One stack, one real job for ``minutes``; the fail-slow alerts that fired."""
+    env_fault, expected = CASES[name]
+    up = argus("stack", "up", "--workdir", str(workdir))
+    if up.returncode != 0:
+        raise RuntimeError(f"argus stack up failed: {up.stderr}")
+    try:
+        status = json.loads(argus("stack", "status", "--workdir", str(workdir), "--json").stdout)
+        port = free_port()
+        added = argus("stack", "targets", "--workdir", str(workdir), "--job", name, "--ports",
+                      f"{port}-{port + RANKS - 1}")
+        if added.returncode != 0:
+            raise RuntimeError(added.stderr)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "ARGUS_ENABLED": "1",
+               "ARGUS_SINK": status["sink"], "ARGUS_JOB": name, "ARGUS_METRICS_PORT": str(port),
+               "ARGUS_TEST_INSTRUMENT": "1", "ARGUS_TEST_WIDTH": "1024",
+               "ARGUS_TEST_SECONDS": str(minutes * 60), **env_fault}
+        started = time.time()
+        job = subprocess.run([str(BIN / "torchrun"), "--nproc-per-node", str(RANKS),
+                              "--master-port", str(free_port()), str(SCRIPT)], env=env,
+                             capture_output=True, text=True, timeout=minutes * 60 + 300)
+        if job.returncode != 0:
+            raise RuntimeError(f"the job failed: {job.stderr[-2000:]}")
+        time.sleep(5)  # the last scrape, evaluation and notification
+        fired = []
+        alerts = Path(workdir / "alerts.ndjson")
+        for line in alerts.read_text().splitlines() if alerts.exists() else []:
+            note = json.loads(line)
+            fired += [(note["received_at"], a["labels"]) for a in note["alerts"]
+                      if a["status"] == "firing" and a["labels"]["alertname"] in FAIL_SLOW]
+    finally:
+        argus("stack", "down", "--workdir", str(workdir))
+    found = {(labels["alertname"], labels.get("rank", "")) for _, labels in fired}
+    first = {f"{a}/{r}": round(min(t for t, lab in fired if (lab["alertname"],
+                                                          lab.get("rank", "")) == (a, r))
+                               - started, 1) for a, r in found}
+    wanted_ok = expected <= found
+    extra = sorted(found - expected)
+    return {"fail_slow": sorted(map(list, found)), "unexpected": [list(e) for e in extra],
+            "first_s": first, "as_expected": wanted_ok and not extra}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--minutes", type=float, default=3.0)
+    parser.add_argument("--cases", default=",".join(CASES))
+    args = parser.parse_args()
+    results = {}
+    for name in args.cases.split(","):
+        if name not in CASES:
+            parser.error(f"unknown case {name!r} (one of {', '.join(CASES)})")
+        with tempfile.TemporaryDirectory() as tmp:
+            results[name] = run_case(name, args.minutes, Path(tmp))
+        print(f"{name}: {results[name]}", file=sys.stderr, flush=True)
+    report({"minutes": args.minutes, "cases": results,
+            "as_expected": all(r["as_expected"] for r in results.values())}, args.json)
+
+
+if __name__ == "__main__":
+    main()
