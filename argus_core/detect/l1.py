@@ -5,9 +5,9 @@ over ranks of each step's wall time. (Per-rank L1 on synchronised step times wou
 rank at once.) Candidate spikes are steps ``spike_ratio`` above the centred rolling median; a
 candidate is a *spike* only when it also stands out of this job's own step-to-step noise, else
 it is a *blip*. The noise is read from the job itself, heavy tails included: the log ratios'
-upper quartile and 90th percentile above their median give the scale ``b`` of an exponential
-(Laplace) tail (the larger of the two), and a spike exceeds ``b * ln(n / (2 * spike_alpha))``
-over n judged steps (Bonferroni: about
+upper quartile and 90th percentile (in a short job, the level a few spikes of its own stay
+above) give the scale ``b`` of an exponential (Laplace) tail, the larger of the two, and a
+spike exceeds ``b * ln(n / (2 * spike_alpha))`` over n judged steps (Bonferroni: about
 ``spike_alpha`` false spikes per job), so a quiet GPU job's 1.5x stall is a spike and a noisy
 CPU job's 2x blip is not. Regressions are shifts of the log iteration time found by binary
 segmentation, after spikes and blips are replaced by that median.
@@ -150,18 +150,26 @@ def detect_l1(matrix: StepMatrix, config: L1Config | None = None,
     return result
 
 
+SPIKES_TOLERATED = 3  # spikes of the job itself that may sit above its noise's tail level
+
+
 def spike_threshold(ratio: np.ndarray, config: L1Config) -> float:
     """The ratio to the rolling median that a step reaches by noise in about ``spike_alpha``
     of jobs: an exponential upper tail scaled from the log ratios' upper quartile and 90th
-    percentile (robust to a few spikes themselves, heavier than a normal tail), never below
+    percentile (or the level that leaves ``SPIKES_TOLERATED`` steps above it, in a short job:
+    robust to a few spikes themselves; heavier than a normal tail), never below
     ``spike_ratio``."""
     x = np.log(ratio[np.isfinite(ratio) & (ratio > 0)])
     if len(x) < 4:
         return config.spike_ratio
-    median, upper, tail = np.quantile(x, [0.5, 0.75, 0.9])
-    # An exponential upper tail has 1/4 of the steps ln 2 scales above the median and 1/10
-    # ln 5: the larger of the two scales, so a bulk-plus-blips mixture reads as its tail.
-    scale = max((upper - median) / np.log(2), (tail - median) / np.log(5), config.noise_floor)
+    # An exponential upper tail has a share 1 - q of the steps ln(0.5 / (1 - q)) scales above
+    # the median: read at the upper quartile and further out (the 90th percentile, or less far
+    # in a short job, so that its own few spikes stay above the level read), the larger
+    # scale, so that a bulk-plus-blips mixture reads as its tail.
+    level = float(np.clip(1 - SPIKES_TOLERATED / len(x), 0.75, 0.9))
+    median, upper, tail = np.quantile(x, [0.5, 0.75, level])
+    scale = max((upper - median) / np.log(2), (tail - median) / np.log(0.5 / (1 - level)),
+                config.noise_floor)
     reach = median + scale * np.log(len(x) / (2 * config.spike_alpha))
     return float(max(config.spike_ratio, np.exp(reach)))
 

@@ -50,6 +50,7 @@ import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
+from scipy.stats import chi2
 
 from argus_core.detect.arrival import CollectiveTimes, collective_times
 from argus_core.detect.steps import StepMatrix
@@ -290,7 +291,8 @@ def drift_factor(x: np.ndarray, noise: np.ndarray, batch: int = DRIFT_BATCH) -> 
     steps are alike, so the step-to-step noise understates how far a rank's median wanders.
     The medians of consecutive batches of ``batch`` steps show it: their variance over what
     independent steps give (pi/2 noise^2 / batch), median over the rows (the healthy majority
-    calibrates it; one row's real shift does not)."""
+    calibrates it; one row's real shift does not), over the median of that ratio for
+    independent steps."""
     rows, n = x.shape
     batches = n // batch
     if batches < 3 or rows == 0:
@@ -299,7 +301,12 @@ def drift_factor(x: np.ndarray, noise: np.ndarray, batch: int = DRIFT_BATCH) -> 
     with np.errstate(all="ignore"):
         ratio = np.var(medians, axis=1, ddof=1) / (np.pi / 2 * noise ** 2 / batch)
     ratio = ratio[np.isfinite(ratio)]
-    return float(max(1.0, np.median(ratio))) if len(ratio) else 1.0
+    if not len(ratio):
+        return 1.0
+    # Each row's ratio is a variance over batches - 1 degrees of freedom: its median sits at
+    # the chi-square's median over its dof (0.84 for 5 batches) when nothing drifts.
+    unbiased = np.median(ratio) * (batches - 1) / chi2.median(batches - 1)
+    return float(max(1.0, unbiased))
 
 
 def _pooled_sigma(s: np.ndarray, config: L2Config) -> float:

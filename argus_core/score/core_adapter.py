@@ -125,8 +125,21 @@ def judge(snapshot: JobSnapshot, peer_axis: str = "pp",
     out.unscored = snapshot.known_ranks - set(np.unique(out.kernels.rank).tolist())
     empty = np.zeros(0)
     no_l1 = L1Result(empty.astype(np.int64), empty, empty, empty.astype(bool))
-    out.verdicts = [(v.rank, v.cause) for v in build_verdicts(no_l1, l2, findings)]
+    out.verdicts = [(v.rank, v.cause) for v in build_verdicts(
+        no_l1, l2, findings, context=_context(snapshot))]
     return out
+
+
+def _context(snapshot: JobSnapshot):
+    """What a verdict's cost is measured against: the job's step, the slowest rank's median
+    step time (the ranks wait for it); none known without step times."""
+    from argus_core.detect.cost import JobContext
+
+    table = snapshot.phases
+    if table is None or table.wall is None or not np.isfinite(table.wall).any():
+        return JobContext()
+    return JobContext(step_s=float(np.nanmax(table.wall)), world=len(table.ranks),
+                      judged_steps=1)
 
 
 def judge_phases(table: PhaseTable, config=None, stages: np.ndarray | None = None):
