@@ -11,7 +11,9 @@ faulty rank with its cause (healthy: no verdict at all); ``false_verdicts`` coun
 ranks no fault touched. The machine's own noise (other ranks on the same cores, the scheduler,
 the garbage collector) is what the diagnosis must see through. ``--record DIR`` keeps each
 run's spool as ``DIR/CASE.ndjson.gz`` (the recordings under tests/data/real_jobs came from it).
-The last line (--json) is ``{"runs", "cases", "as_expected", "false_verdicts", ...}``.
+A job that exits non-zero is counted in ``job_failures`` (its stderr kept beside the
+recordings) and the other cases still run. The last line (--json) is ``{"runs", "cases",
+"as_expected", "false_verdicts", ...}``.
 """
 
 from __future__ import annotations
@@ -96,7 +98,15 @@ def run_case(case: Case, spool: Path, steps: int = STEPS) -> None:
                    ARGUS_TEST_INSTRUMENT="1")
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
-        raise RuntimeError(f"{case.name}: the job failed:\n{proc.stderr[-2000:]}")
+        raise JobFailedError(case.name, proc.returncode, proc.stderr)
+
+
+class JobFailedError(RuntimeError):
+    """A real job exited non-zero: its exit status and whole stderr."""
+
+    def __init__(self, name: str, returncode: int, stderr: str):
+        super().__init__(f"{name}: the job exited {returncode}")
+        self.stderr = stderr
 
 
 def judge(case: Case, spool: Path) -> dict:
@@ -133,12 +143,21 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown case(s): {', '.join(sorted(unknown))}")
     cases = [c for c in CASES if not wanted or c.name in wanted]
-    results, start = [], time.perf_counter()
+    results, failures, start = [], [], time.perf_counter()
     for run in range(args.runs):
         for case in cases:
             with tempfile.TemporaryDirectory() as tmp:
                 spool = Path(tmp) / "spool"
-                run_case(case, spool, args.steps)
+                try:
+                    run_case(case, spool, args.steps)
+                except JobFailedError as exc:  # counted, kept, and the other cases still run
+                    failures.append({"case": case.name, "run": run, "error": str(exc)})
+                    log = (args.record or Path(".")) / f"{case.name}-run{run}.stderr.txt"
+                    log.parent.mkdir(parents=True, exist_ok=True)
+                    log.write_text(exc.stderr)
+                    print(f"FAILED run {run} {case.name}: {exc}; stderr in {log}",
+                          file=sys.stderr, flush=True)
+                    continue
                 outcome = judge(case, spool)
                 if args.record:
                     suffix = f"-run{run}" if args.runs > 1 else ""
@@ -152,7 +171,8 @@ def main() -> None:
     report({"runs": args.runs, "cases": len(cases),
             "as_expected": sum(r["as_expected"] for r in results),
             "false_verdicts": sum(len(r["false_ranks"]) for r in results),
-            "not_as_expected": missed, "seconds": round(time.perf_counter() - start, 1)},
+            "not_as_expected": missed, "job_failures": failures,
+            "seconds": round(time.perf_counter() - start, 1)},
            args.json)
 
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 
@@ -80,15 +81,15 @@ def test_a_noisy_cpu_job_calibrates_its_own_spike_threshold():
     assert detect_l1(step_matrix(quiet.steps)).spike_threshold == L1Config().spike_ratio
 
 
-def test_spike_threshold_reads_the_tail_not_the_outliers():
-    """A few huge stalls do not raise the threshold (it reads the upper quartile)."""
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    ratio = np.exp(rng.laplace(0, 0.05, 200))
+@pytest.mark.parametrize(("steps", "stalls"), [(200, 4), (18, 2), (40, 3)])
+def test_spike_threshold_reads_the_tail_not_the_outliers(steps, stalls):
+    """A job's own few stalls barely move its threshold, long job or short (the tail is read
+    at a level they stay above; the rest shifts by an order statistic at most)."""
+    rng = np.random.default_rng(steps)
+    ratio = np.exp(rng.laplace(0, 0.05, steps))
     base = spike_threshold(ratio, L1Config())
-    ratio[:4] = 30.0
-    assert spike_threshold(ratio, L1Config()) == pytest.approx(base, rel=0.1)
+    ratio[:stalls] = 30.0
+    assert base <= spike_threshold(ratio, L1Config()) <= 1.3 * base
 
 
 def _edited(path: Path, tmp_path: Path, rank: int, extra_s: dict[int, float]) -> Path:
