@@ -45,13 +45,16 @@ def l1_alerts(config: RulesConfig) -> list[dict]:
     host = format_duration(config.host_window)
     return [
         _alert(config, "ArgusIterationSpike",
-               f"job:argus_iteration_spike:settled_ratio >= {spike}",
+               f"job:argus_iteration_spike:settled_ratio >= {spike}\n"
+               "and on (job)\n"
+               "  job:argus_iteration_spike:settled_ratio\n"
+               "  >= job:argus_iteration_spike:typical_ratio ^ 2",
                config.for_spike, "warning", "L1",
                "A training job had an iteration-time spike.",
                "Job {{ $labels.job }}: its slowest step of the last "
                f"{config.exporter_window_steps} took "
-               '{{ $value | printf "%.1f" }}x the rolling median step time, and the job is '
-               "back to its usual pace."),
+               '{{ $value | printf "%.1f" }}x the rolling median step time, beyond its own '
+               "noise (the square of its usual ratio), and the job is back to its usual pace."),
         _alert(config, "ArgusIterationRegression",
                f"job:argus_iteration_regression:ratio >= {config.min_regression}",
                config.for_regression, "critical", "L1",

@@ -103,6 +103,9 @@ class RulesConfig:
                                            "(lowest recent-window median) within this long "
                                            "before the recent window, so a lasting slowdown "
                                            "never becomes its own baseline", 6 * 3600)
+    spike_history: float = _duration("ArgusIterationSpike: the job's usual slowest-over-median "
+                                     "ratio of its rolling window (its own noise) is the "
+                                     "median over this long", 1800)
     host_window: float = _duration("ArgusHostStall: window over which a rank's extra host "
                                    "time is summed", 120)
     silent_window: float = _duration("a rank or processor whose series stopped within this "

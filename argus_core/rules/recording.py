@@ -121,6 +121,11 @@ def l1_group(config: RulesConfig) -> dict:
         _record("job:argus_iteration_spike:ratio",
                 "job:argus_step_window_seconds:max / job:argus_step_window_seconds:median\n"
                 f"and on (job) job:argus_steps:min >= {config.judged_steps}"),
+        # The job's own noise: its usual window ratio (a noisy job's rolling window always
+        # holds a blip of 2x; a quiet one's stays near 1).
+        _record("job:argus_iteration_spike:typical_ratio",
+                "quantile_over_time(0.5, job:argus_iteration_spike:ratio"
+                f"[{format_duration(config.spike_history)}])"),
         # The spike ratio once the job is back to its pace: the steps since the previous scrape
         # are below `spike_guard` x the rolling median. While a level shift is under way they
         # stay above it, and its first slow steps are not reported as a spike.

@@ -210,9 +210,36 @@ def l1_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
                                                           '$value | printf "%.1f"':
                                                           f"{ratio:.1f}"}))])))
 
+    tests.append(noisy_spike_test(config, groups, stall_at, samples))
     tests += host_stall_tests(config, groups, stall_at, samples)
     tests.append(regression_test(config, groups))
     return tests
+
+
+def noisy_spike_test(config: RulesConfig, groups: list[dict], stall_at: int,
+                     samples: int) -> dict:
+    """ArgusIterationSpike on a noisy job: every interval holds a blip of 1.9x (a busy CPU
+    job's usual), so its usual window ratio is 1.9 and a spike must reach 1.9^2 = 3.6x. A
+    2.6x step is its noise and pages nothing; a 6x step pages, once the job is back to its
+    pace."""
+    rule = _rule(groups, "ArgusIterationSpike")
+    steps = _Steps(config, samples)
+    blips = {k: 0.9 * steps.step_s for k in range(1, samples)}
+    small = {**blips, stall_at: 1.6 * steps.step_s}
+    big_s = 5.0 * steps.step_s
+    big = {**blips, stall_at: big_s}
+    series = []
+    for rank in range(2):
+        series += steps.series(rank_labels(config, "noisy-small", rank, dp=rank), stall=small)
+        series += steps.series(rank_labels(config, "noisy-big", rank, dp=rank), stall=big)
+    ratio = (steps.step_s + big_s) / steps.step_s
+    return _test(config, "ArgusIterationSpike on a noisy job: beyond its own noise only",
+                 series, alerts=_fires(
+                     config, "ArgusIterationSpike", stall_at + 1, config.for_spike,
+                     [_expect(_alert_labels(config, rule, job="noisy-big"),
+                              _annotations(rule, **{"$labels.job": "noisy-big",
+                                                    '$value | printf "%.1f"':
+                                                    f"{ratio:.1f}"}))]))
 
 
 HOST_STEPS_PER_INTERVAL = (1, 4, 25)  # 8, 32 and 200 steps per default host window
