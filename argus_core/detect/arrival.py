@@ -59,6 +59,14 @@ class CollectiveTimes:
     wait_s: np.ndarray  # ranks x steps: sum of waits
 
     @property
+    def own_host_s(self) -> np.ndarray:
+        """Host time that is the rank's own doing: before the step's device work where the
+        device's start is known (a rank that finished early and waited on the host for the
+        next step is not stalling), elsewhere all of wall - GPU, which cannot tell the two
+        apart."""
+        return np.where(np.isfinite(self.host_pre_s), self.host_pre_s, self.host_s)
+
+    @property
     def slack_s(self) -> np.ndarray:
         """Time a rank spent not on its own work: waiting in collectives, host and idle gaps."""
         return self.wait_s + self.host_s + self.idle_s

@@ -47,13 +47,6 @@ class HostFinding:
     z: float
 
 
-def own_host_s(times: CollectiveTimes) -> np.ndarray:
-    """Per (rank, step): host time before the device's work (all of wall - device time where
-    the device's start is unknown) plus device time in no phase."""
-    measured = np.isfinite(times.host_pre_s)
-    return np.where(measured, times.host_pre_s, times.host_s) + times.idle_s
-
-
 def detect_host(matrix: StepMatrix, times: CollectiveTimes, steady: np.ndarray,
                 step_s: float, config: HostConfig | None = None) -> list[HostFinding]:
     """Ranks whose host time exceeds the others' on the ``steady`` steps (see module doc)."""
@@ -61,7 +54,7 @@ def detect_host(matrix: StepMatrix, times: CollectiveTimes, steady: np.ndarray,
     n_ranks, n_steps = len(matrix.ranks), int(steady.sum())
     if n_ranks < 2 or n_steps < 3 or not step_s > 0:
         return []
-    host = np.where(np.isnan(matrix.wall), np.nan, own_host_s(times))[:, steady]
+    host = np.where(np.isnan(matrix.wall), np.nan, times.own_host_s + times.idle_s)[:, steady]
     ref = host[::-1] if n_ranks == 2 else nanmedian(host, axis=0)[None, :]
     d = host - ref
     valid = ~np.isnan(d)

@@ -10,7 +10,8 @@ above) give the scale ``b`` of an exponential (Laplace) tail, the larger of the 
 spike exceeds ``b * ln(n / (2 * spike_alpha))`` over n judged steps (Bonferroni: about
 ``spike_alpha`` false spikes per job), so a quiet GPU job's 1.5x stall is a spike and a noisy
 CPU job's 2x blip is not. Regressions are shifts of the log iteration time found by binary
-segmentation, after spikes and blips are replaced by that median.
+segmentation, after spikes and blips are replaced by that median, in units of its noise
+widened by its drift (``stats.changepoint.drift_noise_scale``).
 
 Every spike and regression is then attributed to the ranks that caused it: the late arriver,
 whose *own* time rose while the others' rise is waiting for it. A rank's time per step is split
@@ -32,7 +33,7 @@ import numpy as np
 from argus_core.detect.arrival import CollectiveTimes, collective_times
 from argus_core.detect.steps import StepMatrix
 from argus_core.schema import AXES
-from argus_core.stats.changepoint import change_points, noise_scale
+from argus_core.stats.changepoint import change_points, drift_noise_scale, noise_scale
 from argus_core.stats.robust import nanmedian
 
 
@@ -132,7 +133,7 @@ def detect_l1(matrix: StepMatrix, config: L1Config | None = None,
     # Regressions on the log series with spikes flattened to the local median.
     idx = np.flatnonzero(judged)
     y = np.log(np.where(spike, baseline, series)[idx])
-    sigma = noise_scale(y, config.noise_floor)
+    sigma = drift_noise_scale(y, noise_scale(y, config.noise_floor))
     cps = change_points(y, config.change_threshold, config.min_segment,
                         np.log(config.min_regression), sigma)
     bounds = [0, *cps, len(y)]
@@ -175,15 +176,10 @@ def spike_threshold(ratio: np.ndarray, config: L1Config) -> float:
 
 
 def _own_parts(times: CollectiveTimes) -> dict[str, np.ndarray]:
-    """The parts of each rank's step time that are its own doing (ranks x steps each).
-
-    Host time counts only before the step's device work where the device's start is known
-    (a rank that finished early and waited on the host for the next step is not a culprit);
-    elsewhere all of wall - GPU, which cannot tell the two apart.
-    """
-    measured = np.isfinite(times.host_pre_s)
-    return {"host": np.where(measured, times.host_pre_s, times.host_s),
-            "idle": times.idle_s, "compute": times.compute_s, "communication": times.comm_s}
+    """The parts of each rank's step time that are its own doing (ranks x steps each; host
+    time as ``CollectiveTimes.own_host_s`` says)."""
+    return {"host": times.own_host_s, "idle": times.idle_s, "compute": times.compute_s,
+            "communication": times.comm_s}
 
 
 def _segment_delta(values: np.ndarray, before: np.ndarray, after: np.ndarray) -> np.ndarray:

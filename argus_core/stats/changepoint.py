@@ -19,6 +19,23 @@ def noise_scale(y: np.ndarray, floor: float = 0.0) -> float:
                floor)
 
 
+DRIFT_BATCH = 5  # steps per batch when reading a series' drift
+
+
+def drift_noise_scale(y: np.ndarray, sigma: float, batch: int = DRIFT_BATCH) -> float:
+    """``sigma`` (step-to-step noise), widened to what the series' drift says: a mean over
+    many steps wanders more than independent steps would when consecutive steps are alike
+    (real ranks drift for a few steps). Read from the medians of consecutive ``batch``-step
+    batches: the MAD of their first differences (one level shift moves one of them), as the
+    per-step noise that independent steps would need to scatter batch medians that much."""
+    batches = len(y) // batch
+    if batches < 4:
+        return sigma
+    medians = np.median(y[:batches * batch].reshape(batches, batch), axis=1)
+    spread = MAD_TO_SIGMA * np.median(np.abs(np.diff(medians))) / np.sqrt(2)
+    return max(sigma, float(spread * np.sqrt(batch / (np.pi / 2))))
+
+
 def change_points(y: np.ndarray, threshold: float, min_segment: int, min_shift: float,
                   sigma: float) -> list[int]:
     """Indices where the mean of ``y`` shifts, sorted.
