@@ -15,6 +15,11 @@ _COMM_WORDS = re.compile(
     r"\bp2p\b|barrier|\bcomm\b|collective", re.IGNORECASE)
 
 
+# what the exporters name the operations they time (``{axis}-{op}``, ``pg-send``)
+COLLECTIVE_OPS = frozenset({"allreduce", "allgather", "reducescatter", "alltoall", "broadcast",
+                            "reduce", "gather", "scatter", "send", "recv", "barrier"})
+
+
 def phase_axis(name: str) -> str | None:
     """The parallel axis a phase belongs to, from an ``{axis}-`` prefix, else None."""
     head, sep, _ = name.partition("-")
@@ -23,7 +28,8 @@ def phase_axis(name: str) -> str | None:
 
 def is_comm_phase(name: str) -> bool:
     """True for communication phases (axis-prefixed or named after a collective)."""
-    return phase_axis(name) is not None or bool(_COMM_WORDS.search(name))
+    return (phase_axis(name) is not None or name.rpartition("-")[2] in COLLECTIVE_OPS
+            or bool(_COMM_WORDS.search(name)))
 
 
 def is_comm_kernel(name: str) -> bool:

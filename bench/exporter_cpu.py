@@ -8,7 +8,11 @@ runs with Argus off (the NoOp tracer: the baseline) and on (host clock, file sin
 thread); ``overhead_pct`` is the median of the pairs' differences, with its spread. Then one
 continuous 10,000-step run with Argus on: ``self_us_per_step`` is the exporter's own CPU time
 (training-thread hooks plus its shipper thread, from thread CPU clocks) per step and
-``rss_growth_mb`` the resident memory growth from step 1,000 to the end.
+``rss_growth_mb`` the resident memory growth from step 1,000 to the end. Last, the training
+thread's cost of timing one collective (``argus_exporters.collectives``), on a real one-rank
+gloo process group: interleaved pairs of 2,000 ``dist.all_reduce`` calls (sync, and async
+then waited) with the hooks uninstalled (the baseline) and installed;
+``collective_overhead_us`` is the median of the pairs' differences per call.
 """
 
 from __future__ import annotations
@@ -59,6 +63,52 @@ def make_tracer(spool: str) -> Tracer:
     return Tracer(settings, identity, clock=HostClock())
 
 
+def collective_cost(pairs: int, calls: int = 2000) -> dict:
+    """Per-call cost of the collective hooks against the same calls unhooked, same run."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return {}
+    from argus_exporters import collectives
+
+    with tempfile.TemporaryDirectory() as spool:
+        dist.init_process_group("gloo", init_method=f"file://{spool}/pg", rank=0,
+                                world_size=1)
+        tracer = make_tracer(spool)
+        tensor = torch.ones(4)
+
+        def run(async_op: bool) -> float:
+            t0 = time.perf_counter()
+            for i in range(calls):
+                work = dist.all_reduce(tensor, async_op=async_op)
+                if async_op:
+                    work.wait()
+                if i % 20 == 19:
+                    tracer.step()
+            return (time.perf_counter() - t0) / calls * 1e6
+
+        out = {}
+        for async_op in (False, True):
+            run(async_op)  # warm
+            diffs, bases = [], []
+            for _ in range(pairs):
+                collectives.uninstall()
+                base = run(async_op)
+                collectives.install(tracer)
+                diffs.append(run(async_op) - base)
+                bases.append(base)
+            kind = "async" if async_op else "sync"
+            out[f"collective_{kind}_baseline_us"] = float(np.median(bases))
+            out[f"collective_{kind}_overhead_us"] = float(np.median(diffs))
+            out[f"collective_{kind}_overhead_us_iqr"] = [float(np.percentile(diffs, 25)),
+                                                        float(np.percentile(diffs, 75))]
+        collectives.uninstall()
+        tracer.shutdown()
+        dist.destroy_process_group()
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10_000)
@@ -90,7 +140,7 @@ def main() -> None:
               "self_pct_of_step": health.cpu_seconds / on_s * 100,
               "rss_warm_mb": rss_warm, "rss_end_mb": rss_end,
               "rss_growth_mb": rss_end - rss_warm, "records_shipped": health.records_shipped,
-              "dropped": dict(health.dropped)}
+              "dropped": dict(health.dropped), **collective_cost(args.pairs)}
     report(result, args.json)
 
 

@@ -2,18 +2,20 @@
 
     python bench/real_jobs.py [--json] [--runs 3] [--cases healthy-2,forward-2] [--record DIR]
 
-Every case starts a real job with ``torchrun`` (``tests/scripts/ddp_train.py``: 1, 2, 4 or
-8 ranks, the one-line ``instrument`` or zero-code ``argus run``), healthy or with one fault
-injected on one rank (slow forward or backward, sustained or intermittent host stalls, a slow
-data loader, a CPU hog on the rank's core, slow forwards on a tenth of the steps), spools its
-records to files and diagnoses them. A case is as expected when the verdicts name exactly the
-faulty rank with its cause (healthy: no verdict at all); ``false_verdicts`` counts verdicts on
-ranks no fault touched. The machine's own noise (other ranks on the same cores, the scheduler,
-the garbage collector) is what the diagnosis must see through. ``--record DIR`` keeps each
-run's spool as ``DIR/CASE.ndjson.gz`` (the recordings under tests/data/real_jobs came from it).
-A job that exits non-zero is counted in ``job_failures`` (its stderr kept beside the
-recordings) and the other cases still run. The last line (--json) is ``{"runs", "cases",
-"as_expected", "false_verdicts", ...}``.
+Every case starts a real job with ``torchrun``, the one-line ``instrument`` or zero-code
+``argus run``: DDP jobs (``tests/scripts/ddp_train.py``: 1, 2, 4 or 8 ranks) healthy or with
+one fault injected on one rank (slow forward or backward, sustained or intermittent host
+stalls, a slow data loader, a CPU hog on the rank's core, slow forwards on a tenth of the
+steps), and jobs of every parallelism (``tests/scripts/parallel_train.py``: DDP, FSDP2, DTensor
+tensor parallel, a send/recv pipeline, an all-to-all MoE layer) healthy, with a late rank and
+with a slow one. Each spools its records to files and is diagnosed. A case is as expected when
+the verdicts name exactly the faulty rank with its cause (healthy: no verdict at all);
+``false_verdicts`` counts verdicts on ranks no fault touched. The machine's own noise (other
+ranks on the same cores, the scheduler, the garbage collector) is what the diagnosis must see
+through. ``--record DIR`` keeps each run's spool as ``DIR/CASE.ndjson.gz`` (the recordings
+under tests/data/real_jobs came from it). A job that exits non-zero is counted in
+``job_failures`` (its stderr kept beside the recordings) and the other cases still run. The
+last line (--json) is ``{"runs", "cases", "as_expected", "false_verdicts", ...}``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ from _report import report
 from argus_core.detect.diagnose import diagnose
 from argus_core.reader import load_traces
 
-SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "scripts" / "ddp_train.py"
+SCRIPTS = Path(__file__).resolve().parent.parent / "tests" / "scripts"
+SCRIPT = SCRIPTS / "ddp_train.py"
+PARALLEL_SCRIPT = SCRIPTS / "parallel_train.py"
 BIN = Path(sys.executable).parent
 
 
@@ -48,6 +52,7 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)
     expected: dict[int, str] = field(default_factory=dict)
     zero_code: bool = False  # ``argus run`` instead of the one-line instrument
+    script: Path = SCRIPT
 
 
 def _fault(rank: int, kind: str, seconds: float, **extra: str) -> dict[str, str]:
@@ -73,6 +78,31 @@ CASES = [
     Case("hog-2", 2, _fault(1, "hog", 0.0, ARGUS_TEST_PIN="1"), {1: "compute"}),
     Case("tail-4", 4, _fault(1, "tail", 0.08, ARGUS_TEST_TAIL_SHARE="0.1"), {1: "compute"}),
 ]
+PARALLEL_RANKS = {"ddp": 2, "fsdp2": 2, "tp": 2, "moe": 2, "pp": 4}  # pp: 2 stages x 2 dp
+
+
+def _parallel_cases() -> list[Case]:
+    """Every parallelism (``tests/scripts/parallel_train.py``) healthy, with a late rank (a
+    host sleep before each forward) and a slow one (extra compute in forward), one-line; the
+    slow ones also zero-code. Rank 1 is the faulty one, from step 10 on, 20 ms a step; the
+    model is 256 wide (steps of ~4-10 ms on a shared core)."""
+    cases = []
+    for parallel, ranks in PARALLEL_RANKS.items():
+        base = {"ARGUS_TEST_PARALLEL": parallel, "ARGUS_TEST_FROM": "10",
+                "ARGUS_TEST_WIDTH": "256"}
+        late = {**base, **_fault(1, "host", 0.02)}
+        slow = {**base, **_fault(1, "compute", 0.02)}
+        cases += [Case(f"{parallel}-healthy-{ranks}", ranks, base, script=PARALLEL_SCRIPT),
+                  Case(f"{parallel}-late-{ranks}", ranks, late, {1: "host"},
+                       script=PARALLEL_SCRIPT),
+                  Case(f"{parallel}-slow-{ranks}", ranks, slow, {1: "compute"},
+                       script=PARALLEL_SCRIPT),
+                  Case(f"{parallel}-slow-{ranks}-zero-code", ranks, slow, {1: "compute"},
+                       zero_code=True, script=PARALLEL_SCRIPT)]
+    return cases
+
+
+CASES += _parallel_cases()
 STEPS = 60
 WIDTH = 1024  # ~20 ms steps on one core
 
@@ -86,7 +116,7 @@ def _free_port() -> int:
 def run_case(case: Case, spool: Path, steps: int = STEPS) -> None:
     """Run the case's job to completion, spooling its records under ``spool``."""
     torchrun = [str(BIN / "torchrun"), "--nproc-per-node", str(case.ranks), "--master-port",
-                str(_free_port()), str(SCRIPT)]
+                str(_free_port()), str(case.script)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ARGUS_TEST_STEPS": str(steps),
            "ARGUS_TEST_WIDTH": str(WIDTH), **case.env}
     if case.zero_code:
@@ -135,6 +165,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--cases", default="", help="comma-separated case names (default all)")
+    parser.add_argument("--parallel", action="store_true",
+                        help="only the cases of every parallelism (parallel_train.py)")
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--record", type=Path, help="keep each run's spool here")
     args = parser.parse_args()
@@ -142,7 +174,8 @@ def main() -> None:
     unknown = wanted - {c.name for c in CASES}
     if unknown:
         parser.error(f"unknown case(s): {', '.join(sorted(unknown))}")
-    cases = [c for c in CASES if not wanted or c.name in wanted]
+    cases = [c for c in CASES if (not wanted or c.name in wanted)
+             and (not args.parallel or c.script == PARALLEL_SCRIPT)]
     results, failures, start = [], [], time.perf_counter()
     for run in range(args.runs):
         for case in cases:

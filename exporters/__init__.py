@@ -5,8 +5,9 @@ One line in a training script::
     import argus_exporters
     argus_exporters.instrument(model, optimizer)      # forward, backward, optimizer, steps
 
-(a ``DistributedDataParallel`` model also gets its gradient all-reduce timed, through a comm
-hook Argus registers), plus, where wanted, ``with argus_exporters.phase("mlp"): ...`` for
+(every torch.distributed collective is timed as ``{axis}-{op}``, FSDP's, tensor and pipeline
+parallelism's included, and a ``DistributedDataParallel`` model's gradient all-reduce through a
+comm hook Argus registers), plus, where wanted, ``with argus_exporters.phase("mlp"): ...`` for
 custom phases. Or no code change at all: ``argus run -- torchrun ... train.py``. Everything is
 off unless ``ARGUS_ENABLED=1``; off, every call is a no-op. Nothing here ever raises into
 training: a bad setting is logged and Argus stays off.
@@ -20,13 +21,13 @@ import logging
 import threading
 from typing import Any
 
-from argus_exporters import hooks
+from argus_exporters import collectives, hooks
 from argus_exporters.config import ConfigError, Settings
 from argus_exporters.identity import RankIdentity
 from argus_exporters.tracer import NoOpTracer, Tracer
 
-__all__ = ["ddp_comm_hook", "end_when_done", "get_tracer", "instrument", "phase", "shutdown",
-           "start", "step"]
+__all__ = ["ddp_comm_hook", "end_when_done", "get_tracer", "instrument", "phase",
+           "register_group", "shutdown", "start", "step"]
 
 logger = logging.getLogger("argus_exporters")
 _lock = threading.Lock()
@@ -109,6 +110,18 @@ def instrument(model: Any, optimizer: Any = None) -> list[Any]:
     is (logged).
     """
     return hooks.instrument(model, optimizer, start())
+
+
+def register_group(group: Any, axis: str) -> None:
+    """Name ``group``'s collectives ``{axis}-{op}`` (``tp-allreduce``) and, unless
+    ``ARGUS_COORDS`` is set, take this rank's rank in ``group`` as its coordinate on ``axis``.
+
+    For groups that no named ``DeviceMesh`` dimension describes (Megatron-style
+    ``new_group`` calls): ``register_group(tp_group, "tp")``.
+    """
+    timing = collectives.install(start())
+    if timing is not None:
+        timing.register(group, axis)
 
 
 def phase(name: str, stream: Any = None) -> contextlib.AbstractContextManager:

@@ -6,11 +6,15 @@ not a compile worker) are traced. Nothing is imported eagerly; right after torch
 load:
 
 - ``torch.optim.optimizer``: torch's global optimizer hooks are registered, so every
-  optimizer's ``step()`` is timed as the ``optimizer`` phase and closes a training step;
+  optimizer's ``step()`` is timed as the ``optimizer`` phase and closes a training step; a
+  model that is no DDP (FSDP, tensor or pipeline parallel) is found in the first step (the
+  outermost module holding the optimizer's parameters) and instrumented from the second;
 - ``torch.nn.parallel.distributed``: every ``DistributedDataParallel`` model the script builds
   is instrumented as ``argus_exporters.instrument`` would (forward, backward, and its gradient
   all-reduce as ``dp-allreduce`` through a timed comm hook), so a straggler's slow forward is
-  seen without a line of code.
+  seen without a line of code;
+- ``torch.distributed.device_mesh``: every collective is timed as ``{axis}-{op}`` and every
+  named mesh names its groups (``collectives.py``).
 
 Any failure here is logged and swallowed: a broken probe must never stop a job from starting.
 """
@@ -18,16 +22,17 @@ Any failure here is logged and swallowed: a broken probe must never stop a job f
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
 import logging
 import os
 import sys
 from collections.abc import Callable
 
+from argus_exporters.imports import after_import
+
 logger = logging.getLogger("argus_exporters")
 _OPTIMIZER = "torch.optim.optimizer"
 _DDP = "torch.nn.parallel.distributed"
+_MESH = "torch.distributed.device_mesh"  # imported after c10d: collectives can be patched
 
 
 def is_training_rank() -> bool:
@@ -54,12 +59,56 @@ def register_optimizer_hooks() -> None:
     def pre(optimizer, args, kwargs):
         tokens[id(optimizer)] = tracer.begin_phase("optimizer")
 
+    roots = _RootModules()
+
     def post(optimizer, args, kwargs):
         tracer.end_phase(tokens.pop(id(optimizer), None))
         tracer.step()
+        if roots.watching:
+            roots.instrument(optimizer, tracer)
 
     optim.register_optimizer_step_pre_hook(pre)
     optim.register_optimizer_step_post_hook(post)
+
+
+class _RootModules:
+    """Finds the model of a script whose model is no DDP (FSDP, DTensor, a pipeline stage):
+    during the first step, global module hooks note the outermost modules called; at its
+    optimizer step those holding the optimizer's parameters get ``instrument``'s hooks and
+    the global hooks go (they would cost a call per submodule)."""
+
+    def __init__(self):
+        from torch.nn.modules import module
+
+        self.depth = 0
+        self.seen: dict[int, object] = {}
+        self.watching = True
+        self.handles = [module.register_module_forward_pre_hook(self._enter),
+                        module.register_module_forward_hook(self._leave)]
+
+    def _enter(self, module, args):
+        if self.depth == 0:
+            self.seen.setdefault(id(module), module)
+        self.depth += 1
+
+    def _leave(self, module, args, output):
+        self.depth = max(self.depth - 1, 0)
+
+    def instrument(self, optimizer, tracer) -> None:
+        from argus_exporters import hooks
+
+        self.watching = False
+        for handle in self.handles:
+            handle.remove()
+        if tracer.model_instrumented:  # a DDP model: already done
+            return
+        owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        for module in self.seen.values():
+            if any(id(p) in owned for p in module.parameters()):
+                hooks.instrument(module, None, tracer)
+                tracer.model_instrumented = True
+                tracer.open_at_previous_end = False
+        self.seen.clear()
 
 
 def instrument_ddp_models() -> None:
@@ -91,50 +140,24 @@ def instrument_ddp_models() -> None:
     ddp.__init__ = init_and_instrument
 
 
+def time_collectives() -> None:
+    """Time every torch.distributed collective (``collectives.py``) and learn meshes."""
+    import argus_exporters
+    from argus_exporters import collectives
+
+    collectives.install(argus_exporters.start())
+
+
 _AFTER_IMPORT: dict[str, Callable[[], None]] = {
     _OPTIMIZER: register_optimizer_hooks,
     _DDP: instrument_ddp_models,
+    _MESH: time_collectives,
 }
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs a callback right after a watched module executes (see ``_AFTER_IMPORT``)."""
-
-    def __init__(self, callbacks: dict[str, Callable[[], None]]):
-        self.callbacks = dict(callbacks)
-
-    def find_spec(self, name, path, target=None):
-        callback = self.callbacks.pop(name, None)
-        if callback is None:
-            return None
-        if not self.callbacks:
-            sys.meta_path.remove(self)
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-        original = loader.exec_module
-
-        def exec_module(module):
-            original(module)
-            try:
-                callback()
-            except Exception:  # never break the import of torch
-                logger.exception("argus: could not set up hooks after importing %s", name)
-
-        loader.exec_module = exec_module
-        return spec
 
 
 def install() -> None:
     """Arrange for the hooks in this process (now if torch is loaded, else on its import)."""
     if not is_training_rank():
         return
-    pending = {}
     for name, callback in _AFTER_IMPORT.items():
-        if name in sys.modules:
-            callback()
-        else:
-            pending[name] = callback
-    if pending:
-        sys.meta_path.insert(0, _AfterImport(pending))
+        after_import(name, callback)

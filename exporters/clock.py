@@ -40,6 +40,9 @@ class Clock(Protocol):
     def release(self, mark: Any) -> None:
         """Return a mark to the pool."""
 
+    def stream_key(self, stream: Any = None) -> int:
+        """Which stream marks on ``stream`` (None: the current one) are taken on."""
+
     def wait(self, mark: Any) -> None:
         """Block until the mark completes (shutdown only)."""
 
@@ -66,6 +69,10 @@ class HostClock:
 
     def release(self, mark: int) -> None:
         """Nothing to return."""
+
+    def stream_key(self, stream: Any = None) -> int:
+        """One host clock: every mark is on the same "stream"."""
+        return 0
 
     def wait(self, mark: int) -> None:
         """Nothing to wait for."""
@@ -114,6 +121,11 @@ class CudaClock:
     def release(self, mark) -> None:
         """Back to the pool."""
         self._pool.append(mark)
+
+    def stream_key(self, stream: Any = None) -> int:
+        """The CUDA stream handle marks on ``stream`` (default: the current one) go to."""
+        stream = stream if stream is not None else self.torch.cuda.current_stream()
+        return int(getattr(stream, "cuda_stream", id(stream)))
 
     def wait(self, mark) -> None:
         """Synchronise on one event (shutdown only)."""

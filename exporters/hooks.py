@@ -6,6 +6,9 @@
   output) until the autograd engine finishes the pass (a callback queued on the engine, the
   mechanism DDP itself uses), so it covers the whole backward including DDP's overlap;
 - optimizer: the optimizer's step pre- and post-hooks; the post-hook also closes the step;
+- every collective the job issues is timed as ``{axis}-{op}`` (``collectives.py``: FSDP's
+  all-gathers and reduce-scatters, tensor-parallel all-reduces, pipeline sends, all-to-all),
+  and the time waited for it is taken out of the phase it ran inside;
 - a ``DistributedDataParallel`` model also gets its gradient all-reduce timed as
   ``dp-allreduce``: Argus registers DDP's default all-reduce hook, timed, just before the
   first forward, unless the application registers a hook of its own (then that hook is timed:
@@ -23,6 +26,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from argus_exporters import collectives
 from argus_exporters.tracer import NoOpTracer, Tracer
 
 logger = logging.getLogger("argus_exporters")
@@ -33,15 +37,26 @@ def instrument(model: Any, optimizer: Any, tracer: Tracer | NoOpTracer) -> list[
     """Register the hooks; returns their handles (call ``.remove()`` on each to undo)."""
     if not tracer.enabled:
         return []
+    collectives.learn_existing_meshes(collectives.install(tracer))
     handles = []
+    eager: list[Callable] = []  # pre-hooks a compiled wrapper of the model runs for it
     if _is_ddp(model):
-        handles += instrument_ddp_comm(model, tracer)
-    state: dict[str, Any] = {}
+        handles += instrument_ddp_comm(model, tracer, eager)
+    state: dict[str, Any] = {"depth": 0}
 
     def forward_pre(module, args):
-        state["forward"] = tracer.begin_phase("forward")
+        if _compiling():  # traced by dynamo: the compiled wrapper's hooks time it instead
+            return
+        state["depth"] += 1
+        if state["depth"] == 1:  # the wrapper and the model both run it: the outer one times
+            state["forward"] = tracer.begin_phase("forward")
 
     def forward_post(module, args, output):
+        if _compiling():
+            return None
+        state["depth"] = max(state["depth"] - 1, 0)
+        if state["depth"]:
+            return None
         tracer.end_phase(state.pop("forward", None))
         tensor = _first_tensor(output)
         if tensor is not None and tensor.requires_grad:
@@ -60,11 +75,44 @@ def instrument(model: Any, optimizer: Any, tracer: Tracer | NoOpTracer) -> list[
     def _backward_finished():
         tracer.end_phase(state.pop("backward", None))
 
+    eager.append(forward_pre)
     handles.append(model.register_forward_pre_hook(forward_pre))
-    handles.append(model.register_forward_hook(forward_post))
+    handles.append(model.register_forward_hook(forward_post, always_call=True))
+    model._argus_eager_hooks = (eager, forward_post)
+    _hook_compiled_wrappers()
     if optimizer is not None:
         handles += instrument_optimizer(optimizer, tracer)
     return handles
+
+
+def _compiling() -> bool:
+    import torch
+
+    return torch.compiler.is_compiling()
+
+
+def _hook_compiled_wrappers() -> None:
+    """``torch.compile(model)`` after ``instrument``: dynamo traces the model's own hooks
+    (which then do nothing: no graph breaks), so its wrapper gets them, run in eager mode."""
+    try:
+        from torch._dynamo.eval_frame import OptimizedModule
+    except ImportError:
+        return
+    init = OptimizedModule.__init__
+    if getattr(init, "_argus", False):
+        return
+
+    def init_and_hook(wrapper, mod, *args, **kwargs):
+        init(wrapper, mod, *args, **kwargs)
+        found = mod.__dict__.get("_argus_eager_hooks")
+        if found is not None:
+            pre_hooks, post = found
+            for pre in pre_hooks:
+                wrapper.register_forward_pre_hook(pre)
+            wrapper.register_forward_hook(post, always_call=True)
+
+    init_and_hook._argus = True  # type: ignore[attr-defined]
+    OptimizedModule.__init__ = init_and_hook
 
 
 def instrument_optimizer(optimizer: Any, tracer: Tracer | NoOpTracer) -> list[Any]:
@@ -116,7 +164,15 @@ def ddp_comm_hook(tracer: Tracer | NoOpTracer, hook: Callable | None = None,
 
     def timed(state, bucket):
         token = tracer.begin_phase(phase, span=True)
-        future = hook(state, bucket)
+        timing = collectives.installed()  # the bucket's collective is timed here, not twice
+        if timing is None:
+            future = hook(state, bucket)
+        else:
+            timing.muted += 1
+            try:
+                future = hook(state, bucket)
+            finally:
+                timing.muted -= 1
 
         def finished(fut):
             tracer.end_phase(token)
@@ -137,7 +193,8 @@ def _is_ddp(model: Any) -> bool:
     return isinstance(model, DistributedDataParallel)
 
 
-def instrument_ddp_comm(model: Any, tracer: Tracer | NoOpTracer) -> list[Any]:
+def instrument_ddp_comm(model: Any, tracer: Tracer | NoOpTracer,
+                        eager: list[Callable] | None = None) -> list[Any]:
     """Time a DistributedDataParallel model's gradient communication as ``dp-allreduce``.
 
     A hook the application registers later (``model.register_comm_hook``) is wrapped so it is
@@ -154,7 +211,7 @@ def instrument_ddp_comm(model: Any, tracer: Tracer | NoOpTracer) -> list[Any]:
                            ", ".join(getattr(h, "__qualname__", "?") for h, _ in existing))
         return []
     original = model.register_comm_hook
-    state = {"registered": False}
+    state = {"registered": False, "tried": False}
 
     def register_comm_hook(hook_state: object, hook: Callable) -> None:
         state["registered"] = True
@@ -164,6 +221,9 @@ def instrument_ddp_comm(model: Any, tracer: Tracer | NoOpTracer) -> list[Any]:
         original(hook_state, ddp_comm_hook(tracer, hook))
 
     def before_first_forward(module, args):
+        if state["tried"] or _compiling():  # traced: its compiled wrapper registers
+            return
+        state["tried"] = True
         handle.remove()
         if state["registered"] or getattr(model, "_comm_hooks", []):
             return
@@ -176,6 +236,8 @@ def instrument_ddp_comm(model: Any, tracer: Tracer | NoOpTracer) -> list[Any]:
 
     model.register_comm_hook = register_comm_hook
     handle = model.register_forward_pre_hook(before_first_forward)
+    if eager is not None:
+        eager.append(before_first_forward)
     return [_Restore(model, "register_comm_hook", handle)]
 
 

@@ -28,6 +28,7 @@ class RankIdentity:
     local_rank: int
     host: str
     coords: dict[str, int]
+    coords_given: bool = False  # set by ARGUS_COORDS: never replaced by learned coordinates
 
     @classmethod
     def from_env(cls, env: dict | None = None) -> RankIdentity:
@@ -40,7 +41,8 @@ class RankIdentity:
         coords = _coords(env.get("ARGUS_COORDS", ""), rank)
         job = _text(env, "ARGUS_JOB") or env.get("TORCHELASTIC_RUN_ID") or "default"
         return cls(job=job, rank=rank, world_size=world, local_rank=_int(env, "LOCAL_RANK", 0),
-                   host=_text(env, "ARGUS_HOST") or socket.gethostname(), coords=coords)
+                   host=_text(env, "ARGUS_HOST") or socket.gethostname(), coords=coords,
+                   coords_given=bool(env.get("ARGUS_COORDS", "").strip()))
 
     def labels(self) -> dict[str, str]:
         """Prometheus labels shared by every series of this rank (DESIGN.md)."""

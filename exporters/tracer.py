@@ -13,6 +13,7 @@ instrumentation gets when Argus is off, so call sites need no ``if``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -32,12 +33,15 @@ from argus_exporters.shipper import Shipper
 from argus_exporters.sinks import create_sink
 
 
-@dataclass
+@dataclass(slots=True)
 class _Phase:
     name: str
     start: Any
     end: Any
     span: bool = False
+    collective: bool = False  # intervals of one name are united; its wait is taken out of
+    waited_from: Any = None  # the phases it fell inside, from this mark to ``end``
+    stream: int = 0  # clock.stream_key of the stream the marks were taken on
 
 
 @dataclass
@@ -51,7 +55,7 @@ class _Step:
     wall_s: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PhaseToken:
     """Returned by ``begin_phase``; pass it to ``end_phase``."""
 
@@ -60,6 +64,8 @@ class PhaseToken:
     start: Any
     stream: Any
     span: bool = False
+    collective: bool = False
+    stream_key: int = 0
 
 
 class NoOpTracer:
@@ -67,7 +73,8 @@ class NoOpTracer:
 
     enabled = False
 
-    def begin_phase(self, name: str, stream: Any = None, span: bool = False) -> None:
+    def begin_phase(self, name: str, stream: Any = None, span: bool = False,
+                    collective: bool = False) -> None:
         """Nothing."""
 
     def end_phase(self, token: Any, stream: Any = None) -> None:
@@ -90,6 +97,18 @@ class NoOpTracer:
 
     def shutdown(self, timeout: float = 5.0) -> None:
         """Nothing."""
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Disjoint intervals covering the same time as ``intervals``, in order."""
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
 
 
 CPU_SAMPLE_EVERY = 16
@@ -154,22 +173,24 @@ class Tracer:
         return not (self._closed or self._in_child)  # never trace in forked workers
 
     def begin_phase(self, name: str, stream: Any = None, span: bool = False,
-                    ) -> PhaseToken | None:
+                    collective: bool = False) -> PhaseToken | None:
         """Mark the start of a phase on ``stream`` (device clocks) or now (host clock).
 
         A phase begun several times in a step adds up its intervals; with ``span`` (parts
         that overlap, like a DDP step's gradient buckets, each queued behind the previous
-        one) it lasts from the first part's start to the last part's end instead.
+        one) it lasts from the first part's start to the last part's end instead. A
+        ``collective`` (ended with ``end_collective``) lasts the union of its intervals.
         """
         if not self._active():
             return None
         cpu0 = time.thread_time() if self._sampled else 0.0
         start = self.clock.mark(stream)
+        key = self.clock.stream_key(stream)
         with self._lock:
             step = self._current
             if step.first_mark is None:
                 self._open(step, stream)
-            token = PhaseToken(name, step.index, start, stream, span)
+            token = PhaseToken(name, step.index, start, stream, span, collective, key)
         if self._sampled:
             self._cpu += time.thread_time() - cpu0
         return token
@@ -189,15 +210,49 @@ class Tracer:
             return
         cpu0 = time.thread_time() if self._sampled else 0.0
         end = self.clock.mark(stream if stream is not None else token.stream)
-        with self._lock:
-            if token.step == self._current.index:
-                self._current.phases.append(_Phase(token.name, token.start, end, token.span))
-            else:  # ended after its step closed: its step record is already on its way
-                self.health.drop("late_phase")
-                self.clock.release(token.start)
-                self.clock.release(end)
+        self._close(_Phase(token.name, token.start, end, token.span, stream=token.stream_key),
+                    token.step)
         if self._sampled:
             self._cpu += time.thread_time() - cpu0
+
+    def end_collective(self, token: PhaseToken | None, waited_from: Any = None) -> None:
+        """End a collective begun with ``begin_phase(name, collective=True)``: now, on the
+        stream it was issued on. ``waited_from`` is the mark where the rank began to wait
+        for it (None: it was waited for from its start, a synchronous call); that part is
+        taken out of every other phase it fell inside on the same stream."""
+        if token is None or not self._active():
+            if waited_from is not None:
+                self.clock.release(waited_from)
+            return
+        end = self.clock.mark(token.stream)
+        self._close(_Phase(token.name, token.start, end, collective=True,
+                           waited_from=waited_from, stream=token.stream_key), token.step)
+
+    def drop_phase(self, token: PhaseToken | None, reason: str) -> None:
+        """Forget a phase that will never end (a collective nobody waited for), counted."""
+        if token is not None:
+            self.health.drop(reason)
+            self.clock.release(token.start)
+
+    def _close(self, phase: _Phase, step_index: int) -> None:
+        with self._lock:
+            if step_index == self._current.index:
+                self._current.phases.append(phase)
+                return
+        # ended after its step closed: its step record is already on its way
+        self.health.drop("late_phase")
+        for mark in (phase.start, phase.end, phase.waited_from):
+            if mark is not None:
+                self.clock.release(mark)
+
+    def update_coords(self, coords: dict[str, int]) -> None:
+        """The rank's coordinates, learned from its process groups: a new ``rank`` record
+        and new labels on its metrics."""
+        if coords == self.identity.coords:
+            return
+        self.identity = dataclasses.replace(self.identity, coords=dict(coords))
+        self.metrics.identity = self.identity
+        self.emit(rank_record(self.identity))
 
     @contextlib.contextmanager
     def phase(self, name: str, stream: Any = None):
@@ -246,8 +301,11 @@ class Tracer:
 
     # -- resolution ----------------------------------------------------------------------
     def _marks(self, step: _Step) -> list[Any]:
-        return [step.first_mark, step.end_mark, *(m for p in step.phases for m in (p.start,
-                                                                                  p.end))]
+        marks = [step.first_mark, step.end_mark]
+        for p in step.phases:
+            marks += (p.start, p.end) if p.waited_from is None else (p.start, p.end,
+                                                                      p.waited_from)
+        return marks
 
     def _discard(self, step: _Step, reason: str) -> None:
         self.health.drop(reason)
@@ -298,25 +356,45 @@ class Tracer:
         (name, start offset, duration) for spans.
 
         Intervals of one name add up, except span phases (a DDP step's buckets), which last
-        from their first start to their last end: each bucket's interval includes its queue
-        behind the earlier ones, and summing them could exceed the step itself.
+        from their first start to their last end (each bucket's interval includes its queue
+        behind the earlier ones: summing them could exceed the step itself), and collectives,
+        which last the union of their intervals. The time a rank waited for a collective is
+        taken out of the phases (``forward``, not ``{axis}-{op}`` ones) it fell inside on the
+        same stream: they count their own work only.
         """
         seconds = self.clock.seconds
         first: dict[str, float] = {}
         total: dict[str, float] = {}
         span_end: dict[str, float] = {}
+        united: dict[str, list[tuple[float, float]]] = {}
+        waits: dict[int, list[tuple[float, float]]] = {}
+        plain: list[tuple[str, float, float, int]] = []
         offsets = []
         for p in step.phases:
             start = seconds(step.first_mark, p.start)
             duration = max(seconds(p.start, p.end), 0.0)
+            end = start + duration
             offsets.append((p.name, start, duration))
-            if p.span:
-                span_end[p.name] = max(span_end.get(p.name, start), start + duration)
+            if p.collective:
+                united.setdefault(p.name, []).append((start, end))
+                waited = start if p.waited_from is None else seconds(step.first_mark,
+                                                                     p.waited_from)
+                waits.setdefault(p.stream, []).append((min(max(waited, start), end), end))
+            elif p.span:
+                span_end[p.name] = max(span_end.get(p.name, start), end)
             else:
-                total[p.name] = total.get(p.name, 0.0) + duration
+                plain.append((p.name, start, end, p.stream))
             first[p.name] = min(first.get(p.name, start), start)
         for name, end in span_end.items():
             total[name] = total.get(name, 0.0) + max(end - first[name], 0.0)
+        for name, intervals in united.items():
+            total[name] = total.get(name, 0.0) + sum(e - s for s, e in _union(intervals))
+        blocked = {stream: _union(intervals) for stream, intervals in waits.items()}
+        for name, start, end, stream in plain:
+            own = end - start
+            if stream in blocked and "-" not in name:
+                own -= sum(max(min(end, e) - max(start, s), 0.0) for s, e in blocked[stream])
+            total[name] = total.get(name, 0.0) + max(own, 0.0)
         ordered = sorted(first, key=first.__getitem__)
         return {name: total[name] for name in ordered}, offsets
 

@@ -1,4 +1,5 @@
-"""The diagnosis on recordings of real training jobs (torch DDP on CPU, gloo, 1 to 8 ranks).
+"""The diagnosis on recordings of real training jobs (torch on CPU, gloo): DDP at 1 to 8 ranks,
+and FSDP2, DTensor tensor parallel, a send/recv pipeline and an all-to-all MoE layer.
 
 The recordings under ``tests/data/real_jobs`` were made by ``bench/real_jobs.py --record``:
 real jobs on a shared 2-core machine, with its scheduler noise, blips of 1.5-3x on single

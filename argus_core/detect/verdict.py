@@ -2,7 +2,9 @@
 and what it costs the job.
 
 Compute wins over host and communication: a rank with slow compute also shows odd collectives
-(short, because it arrives last), and its peers' long collectives are waiting (case 5). A rank
+(short, because it arrives last), and its peers' long collectives are waiting (case 5); a cause
+wins only when it costs enough (a late rank computes a little slower after sleeping, which
+must not hide its host stall). A rank
 is "host" when its host time exceeds its peers' step after step (``detect.host``), and
 "communication" when only its collectives' transfer time is slow (waiting removed). Ranks L1
 attributes a regression to, or repeated spikes, get a verdict even when L2 and L3 saw nothing:
@@ -106,35 +108,50 @@ def build_verdicts(l1: L1Result, l2: L2Result, l3: list[KernelFinding],
         collectives = [f for f in l3_by_rank[rank] if f.comm]
         own_onsets = [f.onset for f in phases if f.onset is not None]
         onset = min(own_onsets) if own_onsets else job_onset
+        candidates = []  # in the order causes win: compute, host, communication, L1's
         if phases or kernels:
             cost = _findings_cost(phases, onset, context)
-            verdict = Verdict(rank, "compute", _compute_evidence(
-                phases, kernels, late[rank], onset), cost)
-        elif rank in host_by_rank and not any(
+            candidates.append(Verdict(rank, "compute", _compute_evidence(
+                phases, kernels, late[rank], onset), cost))
+        if rank in host_by_rank and not any(
                 c.event == "regression" and c.cause == "host" for c in culprits.get(rank, [])):
             finding = host_by_rank[rank]
             cost = cost_of(finding.excess_s, context.judged_steps, context)
-            verdict = Verdict(rank, "host", _host_evidence(finding, context), cost)
-        elif links or collectives:
+            candidates.append(Verdict(rank, "host", _host_evidence(finding, context), cost))
+        if links or collectives:
             cost = _findings_cost(links, None, context)
-            verdict = Verdict(rank, "communication", _link_evidence(
-                links, collectives, l3), cost)
-        elif culprits.get(rank):
+            candidates.append(Verdict(rank, "communication", _link_evidence(
+                links, collectives, l3), cost))
+        if culprits.get(rank):
             cause = _culprit_cause(culprits[rank])
             mine = [c for c in culprits[rank] if c.cause == cause]
             cost = _culprits_cost(mine, context)
-            verdict = Verdict(rank, _culprit_cause(mine), _culprit_evidence(
-                rank, mine, l1, stacks or [], step_starts, context), cost)
-        else:
-            continue
-        verdict = _with_cost_text(verdict, context)
-        if (verdict.cost is not None and verdict.cost.share is not None
-                and verdict.cost.share < config.min_cost_share):
-            if minor is not None:
-                minor.append(verdict)
-            continue
-        verdicts.append(verdict)
+            candidates.append(Verdict(rank, _culprit_cause(mine), _culprit_evidence(
+                rank, mine, l1, stacks or [], step_starts, context), cost))
+        candidates = [_with_cost_text(v, context) for v in candidates]
+        # the first cause that costs the job enough wins; a smaller one that would have won
+        # (a rank that slept computes a little slower after) is not allowed to hide it
+        passing = [v for v in candidates if not _too_small(v, config)]
+        chosen = passing[0] if passing else None
+        host_too = [v for v in passing if v.cause == "host"]
+        if chosen is not None and chosen.cause == "compute" and host_too and _cost_s(
+                host_too[0]) > _cost_s(chosen):  # slow compute shows no host time, but a
+            chosen = host_too[0]  # stalled rank's compute may slow a little: the larger wins
+        if chosen is not None:
+            verdicts.append(chosen)
+        elif candidates and minor is not None:
+            minor.append(candidates[0])
     return verdicts
+
+
+def _cost_s(verdict: Verdict) -> float:
+    return verdict.cost.seconds if verdict.cost is not None else 0.0
+
+
+def _too_small(verdict: Verdict, config: VerdictConfig) -> bool:
+    """Whether a candidate costs less than the floor (``min_cost_share`` of the step)."""
+    return (verdict.cost is not None and verdict.cost.share is not None
+            and verdict.cost.share < config.min_cost_share)
 
 
 def _repeated_culprits(l1: L1Result, context: JobContext,

@@ -1,0 +1,412 @@
+"""Every collective timed where it runs: ``{axis}-{op}`` phases for FSDP, TP, PP, MoE and more.
+
+``install(tracer)`` hooks the two places every torch.distributed collective passes through from
+Python, in whichever spelling the installed torch has (2.4 to 2.13):
+
+- the ``ProcessGroup`` methods that ``torch.distributed``'s API calls (``all_reduce``,
+  ``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``all_to_all_single``, ``send``...,
+  sync or ``async_op=True``; FSDP 1 and 2 and pipeline schedules call these), with
+  ``Work.wait``: the collective lasts from its issue to the end of its wait;
+- the functional collectives DTensor's tensor parallelism calls (``funcol.all_reduce``...),
+  which last from their issue to the end of ``wait_tensor``.
+
+Each interval is recorded on the stream it was issued on (CUDA events on the current stream;
+the host clock on CPU), so arrival skew is measured as for DDP's all-reduce. The time the
+rank was blocked in the wait is also taken out of any phase it fell inside (FSDP's all-gather
+inside forward): forward means forward's own compute.
+
+Which axis? A group's name comes from, in order: ``register_group(group, axis)``; the named
+dimensions of a ``DeviceMesh`` (``dp``, ``tp``, ``pp``, ``ep``; ``dp_shard``, ``dp_replicate``
+and ``fsdp`` count as ``dp``), learned when the mesh is built (or, for meshes built before
+``instrument``, found once among the process's objects); the default group (``dp`` when the
+rank's coordinates put the whole world on the dp axis, else ``world``); any other group is
+``pg``. Registering a group or building a named mesh also gives the rank its coordinate on
+that axis (its rank in the group) unless ``ARGUS_COORDS`` set the coordinates.
+
+Off (Argus disabled or ``ARGUS_COLLECTIVES=0``) nothing is patched. Inside a compiled region
+(``torch.compile``) the wrappers call straight through and nothing is timed.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+from typing import Any
+
+from argus_exporters.identity import AXES
+from argus_exporters.imports import after_import
+from argus_exporters.tracer import Tracer
+
+logger = logging.getLogger("argus_exporters")
+
+# ProcessGroup method -> operation name, over the spellings of torch 2.4 to 2.13
+PG_METHODS = {
+    "allreduce": "allreduce", "allreduce_coalesced": "allreduce",
+    "allgather": "allgather", "_allgather_base": "allgather", "all_gather_single": "allgather",
+    "allgather_coalesced": "allgather", "allgather_into_tensor_coalesced": "allgather",
+    "all_gather_single_coalesced": "allgather",
+    "reduce_scatter": "reducescatter", "_reduce_scatter_base": "reducescatter",
+    "reduce_scatter_single": "reducescatter", "reduce_scatter_tensor_coalesced":
+    "reducescatter", "reduce_scatter_single_coalesced": "reducescatter",
+    "alltoall": "alltoall", "alltoall_base": "alltoall", "all_to_all_single": "alltoall",
+    "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
+    "send": "send", "recv": "recv", "recv_anysource": "recv", "barrier": "barrier",
+}
+# functional collective -> operation name (DTensor's collectives)
+FUNCOL_FUNCTIONS = {
+    "all_reduce": "allreduce", "all_gather_tensor": "allgather",
+    "all_gather_single": "allgather", "reduce_scatter_tensor": "reducescatter",
+    "reduce_scatter_single": "reducescatter", "all_to_all_single": "alltoall",
+    "broadcast": "broadcast", "all_reduce_coalesced": "allreduce",
+    "all_gather_into_tensor_coalesced": "allgather",
+    "reduce_scatter_tensor_coalesced": "reducescatter",
+}
+MESH_AXES = {"dp": "dp", "dp_shard": "dp", "dp_replicate": "dp", "fsdp": "dp", "ddp": "dp",
+             "hsdp": "dp", "tp": "tp", "pp": "pp", "ep": "ep"}
+OPS = frozenset(PG_METHODS.values())
+MAX_PENDING = 4096  # issued collectives awaiting their wait; older ones are dropped, counted
+
+
+class Collectives:
+    """The installed hooks: group names, pending works and the tracer they report to."""
+
+    def __init__(self, tracer: Tracer):
+        self.tracer = tracer
+        self.muted = 0  # > 0 while a collective is already timed (DDP's comm hook)
+        self._names: dict[int, tuple[Any, dict[str, str]]] = {}  # id(group) -> (group, names)
+        self._axis_of: dict[int, tuple[Any, str]] = {}  # id(group) -> (group, axis) named by
+        # the application or a mesh
+        self._learned: dict[str, int] = {}  # axis -> this rank's coordinate on it
+        self.works: dict[int, Any] = {}  # id(work) -> PhaseToken of its collective
+        self.tensors: dict[int, Any] = {}  # result's storage address -> PhaseToken (funcol)
+        self._lock = threading.Lock()
+        self.scanned = False  # meshes built before install were looked for
+        self.patched: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
+
+    def patch(self, owner: Any, attribute: str, replacement: Any) -> None:
+        """Replace ``owner.attribute``, remembering the original for ``uninstall``."""
+        self.patched.append((owner, attribute, getattr(owner, attribute)))
+        setattr(owner, attribute, replacement)
+
+    # -- naming ------------------------------------------------------------------------
+    def names(self, group: Any) -> dict[str, str]:
+        """Phase name per operation for collectives on ``group`` (cached per group)."""
+        entry = self._names.get(id(group))
+        if entry is not None and entry[0] is group:
+            return entry[1]
+        named = self._axis_of.get(id(group))
+        axis = named[1] if named is not None and named[0] is group else self._default_axis(group)
+        names = {op: f"{axis}-{op}" for op in OPS}
+        self._names[id(group)] = (group, names)
+        return names
+
+    def _default_axis(self, group: Any) -> str:
+        try:
+            import torch.distributed as dist
+
+            is_world = group is None or group is dist.GroupMember.WORLD or (
+                group.size() == dist.get_world_size())
+        except Exception:
+            is_world = False
+        if not is_world:
+            return "pg"
+        coords = self.tracer.identity.coords
+        return "dp" if all(coords.get(a, 0) == 0 for a in AXES if a != "dp") else "world"
+
+    def register(self, group: Any, axis: str, coordinate: int | None = None) -> None:
+        """Name ``group``'s collectives ``{axis}-{op}`` and learn this rank's coordinate."""
+        self._axis_of[id(group)] = (group, axis)
+        self._names.pop(id(group), None)
+        if axis in AXES:
+            if coordinate is None:
+                try:
+                    coordinate = int(group.rank())
+                except Exception:
+                    coordinate = None
+            if coordinate is not None and coordinate >= 0:
+                self._learn({axis: coordinate})
+
+    def learn_mesh(self, mesh: Any) -> None:
+        """Name a DeviceMesh's groups after its dimensions and learn the rank's coordinates."""
+        names = getattr(mesh, "mesh_dim_names", None)
+        if not names:
+            return
+        try:
+            coordinate = mesh.get_coordinate()
+            shape = tuple(mesh.mesh.shape)
+        except Exception:
+            return
+        found: dict[str, int] = {}
+        for dim, name in enumerate(names):
+            axis = MESH_AXES.get(str(name).lower())
+            if axis is None:
+                continue
+            try:
+                group = mesh.get_group(dim)
+            except Exception:  # a mesh without its process groups (``_init_backend=False``)
+                group = None
+            if group is not None:
+                self._axis_of[id(group)] = (group, axis)
+                self._names.pop(id(group), None)
+            if coordinate is not None:  # dimensions of one axis combine row-major
+                found[axis] = found.get(axis, 0) * shape[dim] + int(coordinate[dim])
+        if found:
+            self._learn(found)
+
+    def _learn(self, coords: dict[str, int]) -> None:
+        if all(self._learned.get(a) == c for a, c in coords.items()):
+            return
+        self._learned.update(coords)
+        identity = self.tracer.identity
+        if identity.coords_given:
+            return
+        self._names.clear()  # the default group's axis may change with the coordinates
+        self.tracer.update_coords({a: self._learned.get(a, 0) for a in AXES})
+
+    # -- timing --------------------------------------------------------------------------
+    def remember(self, pending: dict[int, Any], key: int, token: Any) -> None:
+        """A collective was issued (``token``): its interval ends at the wait of ``key``."""
+        if len(pending) >= MAX_PENDING:  # works nobody waits for (fire-and-forget sends)
+            with self._lock:
+                while len(pending) >= MAX_PENDING // 2:
+                    try:
+                        oldest = pending.pop(next(iter(pending)))
+                    except (StopIteration, KeyError, RuntimeError):  # emptied meanwhile
+                        break
+                    self.tracer.drop_phase(oldest, "unwaited")
+        pending[key] = token
+
+    def waiting(self, pending: dict[int, Any], key: int) -> Any:
+        """The token of a pending collective and the mark where its wait began, or None."""
+        token = pending.pop(key, None)
+        if token is None:
+            return None
+        return token, self.tracer.clock.mark()
+
+    def waited(self, entry: Any) -> None:
+        """The wait returned: the collective's interval ends now."""
+        self.tracer.end_collective(*entry)
+
+
+_installed: Collectives | None = None
+_install_lock = threading.Lock()
+
+
+def installed() -> Collectives | None:
+    """The hooks in place in this process, or None."""
+    return _installed
+
+
+def install(tracer: Any) -> Collectives | None:
+    """Patch torch.distributed's collectives to time them for ``tracer`` (once per process)."""
+    global _installed
+    if not getattr(tracer, "enabled", False) or not tracer.settings.collectives:
+        return None
+    with _install_lock:
+        if _installed is not None:
+            return _installed
+        state = None
+        try:
+            import torch.distributed as dist
+
+            if not dist.is_available():
+                return None
+            state = _installed = Collectives(tracer)
+            _patch_process_group(state)
+            _patch_device_mesh(state)
+            # DTensor's module: patched once imported (never imported from here: this may
+            # run while torch itself is importing)
+            after_import("torch.distributed._functional_collectives",
+                         lambda: _patch_functional(state))
+        except Exception:  # never break training: it goes on with DDP's phases only
+            logger.exception("argus: could not time collectives; only DDP's are recorded")
+            if state is not None:
+                _restore(state)
+            _installed = None
+            return None
+        return state
+
+
+def _restore(state: Collectives) -> None:
+    for owner, attribute, original in reversed(state.patched):
+        setattr(owner, attribute, original)
+    state.patched.clear()
+
+
+def uninstall() -> None:
+    """Put torch.distributed back as it was (benchmarks compare with and without). Left in
+    place, the hooks of a closed tracer only call through."""
+    global _installed
+    with _install_lock:
+        if _installed is not None:
+            _restore(_installed)
+            _installed = None
+
+
+def _compiling() -> bool:
+    import torch
+
+    return torch.compiler.is_compiling()
+
+
+def _patch_process_group(state: Collectives) -> None:
+    from torch._C._distributed_c10d import ProcessGroup, Work
+
+    for method, op in PG_METHODS.items():
+        original = getattr(ProcessGroup, method, None)
+        if original is None or getattr(original, "_argus", False):
+            continue
+        state.patch(ProcessGroup, method, _timed_method(state, original, op))
+    wait = Work.wait
+
+    def timed_wait(work, *args, **kwargs):
+        entry = state.waiting(state.works, id(work)) if state.works else None
+        result = wait(work, *args, **kwargs)
+        if entry is not None:
+            state.waited(entry)
+        return result
+
+    timed_wait._argus = True  # type: ignore[attr-defined]
+    if not getattr(wait, "_argus", False):
+        state.patch(Work, "wait", timed_wait)
+
+
+def _timed_method(state: Collectives, original: Any, op: str) -> Any:
+    def timed(group, *args, **kwargs):
+        if state.muted or _compiling():
+            return original(group, *args, **kwargs)
+        name = state.names(group)[op]
+        state.muted += 1
+        try:
+            token = state.tracer.begin_phase(name, collective=True)
+            work = original(group, *args, **kwargs)
+        finally:
+            state.muted -= 1
+        if token is not None:
+            if work is None:
+                state.tracer.end_collective(token, None)
+            else:
+                state.remember(state.works, id(work), token)
+        return work
+
+    timed._argus = True  # type: ignore[attr-defined]
+    timed.__qualname__ = f"argus_timed({getattr(original, '__name__', op)})"
+    return timed
+
+
+def _patch_functional(state: Collectives) -> None:
+    import torch.distributed._functional_collectives as funcol
+
+    if _installed is not state:  # uninstalled before DTensor's module was imported
+        return
+    wait_tensor = funcol.wait_tensor
+    if getattr(wait_tensor, "_argus", False):
+        return
+
+    def timed_wait_tensor(tensor):
+        entry = (state.waiting(state.tensors, _storage(tensor)) if state.tensors else None)
+        result = wait_tensor(tensor)
+        if entry is not None:
+            state.waited(entry)
+        return result
+
+    timed_wait_tensor._argus = True  # type: ignore[attr-defined]
+    state.patch(funcol, "wait_tensor", timed_wait_tensor)
+    for function, op in FUNCOL_FUNCTIONS.items():
+        original = getattr(funcol, function, None)
+        if original is not None:
+            state.patch(funcol, function, _timed_functional(state, funcol, original, op))
+
+
+def _timed_functional(state: Collectives, funcol: Any, original: Any, op: str) -> Any:
+    def timed(tensor, *args, **kwargs):
+        if state.muted or _compiling():
+            return original(tensor, *args, **kwargs)
+        group = kwargs.get("group", args[-1] if args else None)
+        name = state.names(_group_object(funcol, group))[op]
+        state.muted += 1
+        try:
+            token = state.tracer.begin_phase(name, collective=True)
+            result = original(tensor, *args, **kwargs)
+        finally:
+            state.muted -= 1
+        if token is not None:
+            elem = getattr(result, "elem", None)
+            if elem is None:  # waited already (tracing, or a list of results)
+                state.tracer.end_collective(token, None)
+            else:
+                state.remember(state.tensors, _storage(elem), token)
+        return result
+
+    timed._argus = True  # type: ignore[attr-defined]
+    return timed
+
+
+def _storage(tensor: Any) -> int:
+    """Where a tensor's data lives: the same for the views DTensor waits on as for the
+    collective's result."""
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except Exception:
+        return id(tensor)
+
+
+def _group_object(funcol: Any, group: Any) -> Any:
+    """The ProcessGroup a functional collective's ``group`` argument means (a group, a mesh
+    and dimension, a mesh, a list of ranks or a group name); None when it cannot be told."""
+    try:
+        import torch.distributed as dist
+
+        if isinstance(group, dist.ProcessGroup):
+            return group
+        if isinstance(group, tuple) and len(group) == 2:
+            return group[0].get_group(group[1])
+        if hasattr(group, "get_group"):
+            return group.get_group()
+        if isinstance(group, str):
+            from torch.distributed.distributed_c10d import _resolve_process_group
+
+            return _resolve_process_group(group)
+    except Exception:
+        return None
+    return None
+
+
+def _patch_device_mesh(state: Collectives) -> None:
+    try:
+        from torch.distributed.device_mesh import DeviceMesh
+    except ImportError:
+        return
+    init = DeviceMesh.__init__
+    if getattr(init, "_argus", False):
+        return
+
+    def init_and_learn(mesh, *args, **kwargs):
+        init(mesh, *args, **kwargs)
+        try:
+            state.learn_mesh(mesh)
+        except Exception:  # never break building a mesh
+            logger.exception("argus: could not read the device mesh's dimensions")
+
+    init_and_learn._argus = True  # type: ignore[attr-defined]
+    state.patch(DeviceMesh, "__init__", init_and_learn)
+
+
+def learn_existing_meshes(state: Collectives | None) -> None:
+    """Learn the DeviceMeshes built before ``install`` (the one-line ``instrument`` comes
+    after the model is sharded): one pass over the garbage collector's objects, once."""
+    if state is None or state.scanned:
+        return
+    state.scanned = True
+    try:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        meshes = [o for o in gc.get_objects() if isinstance(o, DeviceMesh)]
+    except Exception:
+        return
+    for mesh in meshes:
+        try:
+            state.learn_mesh(mesh)
+        except Exception:
+            logger.exception("argus: could not read a device mesh's dimensions")

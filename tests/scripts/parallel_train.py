@@ -1,0 +1,188 @@
+"""A small training job in any parallelism, for the collective-timing tests (torchrun, gloo, CPU).
+
+ARGUS_TEST_PARALLEL picks how the model is split across the ranks:
+- ``ddp``: DistributedDataParallel (its all-reduce through DDP's comm hook);
+- ``fsdp2``: ``fully_shard`` on each layer and the model (all-gathers in forward and backward,
+  reduce-scatters in backward);
+- ``tp``: DTensor tensor parallelism on a ``("tp",)`` DeviceMesh (column- then row-wise
+  linear layers: an all-reduce inside forward and one inside backward);
+- ``pp``: a pipeline on a ``("dp", "pp")`` mesh of 2 x 2: two stages exchanging activations
+  and gradients with send/recv (two micro-batches), gradients all-reduced over dp;
+- ``moe``: an expert layer on an ``("ep",)`` mesh: tokens routed with ``all_to_all_single``
+  there and back, in forward and backward (a custom autograd function, as MoE libraries do).
+
+ARGUS_TEST_INSTRUMENT=1 uses the one-line API; otherwise the script has no Argus code (for
+``argus run``). ARGUS_TEST_COMPILE=1 compiles the model (``torch.compile``, eager backend;
+after ``instrument``), and ARGUS_TEST_COUNTERS=PATH writes dynamo's graph breaks to
+PATH.RANK.json.
+One fault on rank ARGUS_TEST_SLOW_RANK from step ARGUS_TEST_FROM on, ARGUS_TEST_SLEEP_S long:
+``host`` (late: a sleep before every forward) or ``compute`` (slow: extra matrix products in
+every forward). The number of steps is ARGUS_TEST_STEPS, the model's width ARGUS_TEST_WIDTH.
+"""
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+PARALLEL = os.environ.get("ARGUS_TEST_PARALLEL", "ddp")
+STEPS = int(os.environ.get("ARGUS_TEST_STEPS", "40"))
+SLOW_RANK = int(os.environ.get("ARGUS_TEST_SLOW_RANK", "-1"))
+SLEEP_S = float(os.environ.get("ARGUS_TEST_SLEEP_S", "0.02"))
+FAULT = os.environ.get("ARGUS_TEST_FAULT", "host")
+FROM = int(os.environ.get("ARGUS_TEST_FROM", "10"))
+WIDTH = int(os.environ.get("ARGUS_TEST_WIDTH", "256"))
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+faulty = rank == SLOW_RANK
+step = 0
+torch.manual_seed(0)
+
+
+def _burn(seconds: float) -> None:
+    """Real extra compute for about ``seconds``: matrix products until the time is up."""
+    a = torch.randn(48, 48)
+    until = time.perf_counter() + seconds
+    while time.perf_counter() < until:
+        a = torch.tanh(a @ a)
+
+
+def _fault(kind: str) -> None:
+    if faulty and kind == FAULT and step >= FROM:
+        if kind == "host":
+            time.sleep(SLEEP_S)
+        else:
+            _burn(SLEEP_S)
+
+
+def _mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(WIDTH, 2 * WIDTH), torch.nn.GELU(),
+                               torch.nn.Linear(2 * WIDTH, WIDTH))
+
+
+class _AllToAll(torch.autograd.Function):
+    """Tokens to their experts and back: all-to-all in forward, all-to-all in backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x.contiguous(), group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out = torch.empty_like(grad)
+        dist.all_to_all_single(out, grad.contiguous(), group=ctx.group)
+        return out, None
+
+
+class _Moe(torch.nn.Module):
+    def __init__(self, group):
+        super().__init__()
+        self.group = group
+        self.router = torch.nn.Linear(WIDTH, WIDTH)
+        self.expert = _mlp()
+
+    def forward(self, x):
+        routed = _AllToAll.apply(self.router(x), self.group)
+        return _AllToAll.apply(self.expert(routed), self.group)
+
+
+def _mesh(shape, names):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh("cpu", shape, mesh_dim_names=names)
+
+
+pipeline = None
+if PARALLEL == "ddp":
+    model = torch.nn.parallel.DistributedDataParallel(_mlp())
+elif PARALLEL == "fsdp2":
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:  # torch before 2.6
+        from torch.distributed._composable.fsdp import fully_shard
+    model = _mlp()
+    for layer in (model[0], model[2]):
+        fully_shard(layer)
+    fully_shard(model)
+elif PARALLEL == "tp":
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    model = parallelize_module(_mlp(), _mesh((world,), ("tp",)),
+                               {"0": ColwiseParallel(), "2": RowwiseParallel()})
+elif PARALLEL == "pp":
+    mesh = _mesh((world // 2, 2), ("dp", "pp"))
+    stage = mesh.get_coordinate()[1]
+    pipeline = (mesh.get_group("pp"), mesh.get_group("dp"), stage)
+    model = _mlp()
+elif PARALLEL == "moe":
+    ep_mesh = _mesh((world,), ("ep",))
+    model = _Moe(ep_mesh.get_group("ep"))
+else:
+    raise SystemExit(f"ARGUS_TEST_PARALLEL={PARALLEL!r}: expected ddp, fsdp2, tp, pp or moe")
+first = {"ddp": lambda: model.module[0], "moe": lambda: model.router}.get(PARALLEL,
+                                                                          lambda: model[0])()
+first.register_forward_pre_hook(lambda module, args: _fault("compute"))  # inside forward
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+if os.environ.get("ARGUS_TEST_INSTRUMENT") == "1":
+    import argus_exporters
+
+    argus_exporters.instrument(model, optimizer)
+if os.environ.get("ARGUS_TEST_COMPILE") == "1":
+    model = torch.compile(model, backend="eager")
+
+
+def _pipeline_step(batch: torch.Tensor) -> None:
+    """GPipe with two micro-batches: all forwards, then all backwards; grads over dp."""
+    pp_group, dp_group, stage = pipeline
+    peer = dist.get_global_rank(pp_group, 1 - stage)
+    outputs, inputs = [], []
+    for micro in batch.chunk(2):
+        if stage == 1:
+            micro = torch.empty_like(micro)
+            dist.recv(micro, peer, group=pp_group)
+            micro.requires_grad_(True)
+            inputs.append(micro)
+        out = model(micro)
+        if stage == 0:
+            dist.send(out.detach(), peer, group=pp_group)
+        outputs.append(out)
+    for i, out in enumerate(outputs):
+        if stage == 1:
+            out.pow(2).mean().backward()
+            dist.send(inputs[i].grad, peer, group=pp_group)
+        else:
+            grad = torch.empty_like(out)
+            dist.recv(grad, peer, group=pp_group)
+            out.backward(grad)
+    for param in model.parameters():
+        dist.all_reduce(param.grad, group=dp_group)
+
+
+for step in range(STEPS):
+    torch.manual_seed(1000 + step if PARALLEL == "tp" else 1000 * rank + step)
+    batch = torch.randn(32, WIDTH)
+    _fault("host")
+    if pipeline is not None:
+        _pipeline_step(batch)
+    else:
+        model(batch).pow(2).mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+if os.environ.get("ARGUS_TEST_COUNTERS"):  # dynamo's graph breaks, for the compile checks
+    import json
+
+    from torch._dynamo.utils import counters
+
+    with open(f"{os.environ['ARGUS_TEST_COUNTERS']}.{rank}.json", "w") as out:
+        json.dump({"graph_breaks": sum(counters["graph_break"].values()),
+                   "reasons": sorted(counters["graph_break"])}, out)
+dist.destroy_process_group()

@@ -1,0 +1,301 @@
+"""Every collective timed, whatever the parallelism (``argus_exporters.collectives``).
+
+Real gloo jobs on CPU (``tests/scripts/parallel_train.py`` through ``bench/real_jobs.py``):
+DDP, FSDP2, DTensor tensor parallel, a send/recv pipeline and an all-to-all MoE layer, each
+healthy, with a late rank and with a slow one, must get exactly the faulty rank and cause and
+nothing on the ranks that waited for it; compiled models too, without graph breaks of Argus's
+own. The interval arithmetic (waits taken out of the phase they fell in) is checked on a clock
+the test drives, and the hooks themselves in a one-rank gloo process.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from argus_core.reader import load_traces
+from argus_core.taxonomy import is_comm_phase, phase_axis
+from argus_exporters.clock import HostClock
+from argus_exporters.config import Settings
+from argus_exporters.identity import RankIdentity
+from argus_exporters.tracer import Tracer
+
+torch = pytest.importorskip("torch")
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("real_jobs", ROOT / "bench" / "real_jobs.py")
+real_jobs = importlib.util.module_from_spec(_spec)
+sys.path.insert(0, str(ROOT / "bench"))
+sys.modules["real_jobs"] = real_jobs
+_spec.loader.exec_module(real_jobs)
+PARALLEL_CASES = [c for c in real_jobs.CASES if c.script == real_jobs.PARALLEL_SCRIPT]
+IDENTITY = RankIdentity("job", 0, 1, 0, "node-0", {"dp": 0, "tp": 0, "pp": 0, "ep": 0})
+STEPS = 40
+
+
+class DrivenClock(HostClock):
+    """A host clock whose time (ms) and current stream the test sets."""
+
+    def __init__(self):
+        self.now_ms = 0.0
+        self.stream = 0
+
+    def mark(self, stream=None) -> int:
+        return int(self.now_ms * 1e6)
+
+    def stream_key(self, stream=None) -> int:
+        return self.stream
+
+
+def _one_step(tmp_path, script) -> dict:
+    """Run ``script(tracer, clock)`` as one step; the step record's phases in ms."""
+    clock = DrivenClock()
+    tracer = Tracer(Settings(enabled=True, sink=f"file://{tmp_path}", flush_s=0.05), IDENTITY,
+                    clock=clock)
+    script(tracer, clock)
+    tracer.step()
+    tracer.shutdown()
+    trace = load_traces([tmp_path]).traces["job"]
+    names = trace.steps.phase_names
+    return {n: round(float(trace.steps.phases[0, i]) * 1e3, 6) for i, n in enumerate(names)
+            if trace.steps.phases[0, i] == trace.steps.phases[0, i]}
+
+
+def _at(clock, ms):
+    clock.now_ms = ms
+
+
+def test_a_synchronous_collective_inside_forward_is_taken_out_of_it(tmp_path):
+    """FSDP's all-gather in forward: forward counts its own 7 ms, the all-gather its 3."""
+    def script(tracer, clock):
+        forward = tracer.begin_phase("forward")
+        _at(clock, 2)
+        gather = tracer.begin_phase("dp-allgather", collective=True)
+        _at(clock, 5)
+        tracer.end_collective(gather)
+        _at(clock, 10)
+        tracer.end_phase(forward)
+
+    assert _one_step(tmp_path, script) == {"forward": 7.0, "dp-allgather": 3.0}
+
+
+def test_an_async_collective_costs_forward_only_its_wait(tmp_path):
+    """Issued at 2 ms, computed over until 6, waited for until 8: forward loses the 2 ms
+    wait, the collective lasts from issue to the end of its wait."""
+    def script(tracer, clock):
+        forward = tracer.begin_phase("forward")
+        _at(clock, 2)
+        gather = tracer.begin_phase("dp-allgather", collective=True)
+        _at(clock, 6)
+        waited_from = clock.mark()
+        _at(clock, 8)
+        tracer.end_collective(gather, waited_from)
+        _at(clock, 10)
+        tracer.end_phase(forward)
+
+    assert _one_step(tmp_path, script) == {"forward": 8.0, "dp-allgather": 6.0}
+
+
+def test_overlapping_collectives_of_one_name_last_their_union(tmp_path):
+    """Two all-reduces in flight together (2-6 and 4-9 ms) and one later (12-13): 8 ms, not
+    the 10 their sum would say."""
+    def script(tracer, clock):
+        _at(clock, 2)
+        first = tracer.begin_phase("tp-allreduce", collective=True)
+        _at(clock, 4)
+        second = tracer.begin_phase("tp-allreduce", collective=True)
+        _at(clock, 6)
+        tracer.end_collective(first)
+        _at(clock, 9)
+        tracer.end_collective(second)
+        _at(clock, 12)
+        third = tracer.begin_phase("tp-allreduce", collective=True)
+        _at(clock, 13)
+        tracer.end_collective(third)
+
+    assert _one_step(tmp_path, script) == {"tp-allreduce": 8.0}
+
+
+def test_a_collective_on_another_stream_is_not_taken_out_of_forward(tmp_path):
+    """A prefetching all-gather on its own stream overlaps forward's compute without
+    blocking it: forward keeps its 10 ms."""
+    def script(tracer, clock):
+        forward = tracer.begin_phase("forward")
+        clock.stream = 7
+        _at(clock, 1)
+        gather = tracer.begin_phase("dp-allgather", collective=True)
+        _at(clock, 4)
+        tracer.end_collective(gather)
+        clock.stream = 0
+        _at(clock, 10)
+        tracer.end_phase(forward)
+
+    assert _one_step(tmp_path, script) == {"forward": 10.0, "dp-allgather": 3.0}
+
+
+def test_the_operations_the_exporters_name_are_communication():
+    """``pg-send`` and ``world-alltoall`` are collectives (no axis); ``tp-allreduce`` is on tp."""
+    assert is_comm_phase("pg-send") and phase_axis("pg-send") is None
+    assert is_comm_phase("world-alltoall") and is_comm_phase("pp-recv")
+    assert phase_axis("tp-allreduce") == "tp" and not is_comm_phase("forward")
+
+
+ONE_RANK = textwrap.dedent("""
+    import json, os, sys, torch, torch.distributed as dist
+    dist.init_process_group("gloo", init_method="file://" + sys.argv[1] + "/pg", rank=0,
+                            world_size=1)
+    import argus_exporters
+    from argus_exporters import collectives
+    from torch.distributed.device_mesh import init_device_mesh
+    import torch.distributed._functional_collectives as funcol
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    argus_exporters.instrument(model, optimizer)
+    group = dist.group.WORLD
+    for step in range(4):
+        if step == 2:  # from now on the world is the tp axis of a named mesh
+            mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+        x = torch.ones(4)
+        out = model(x)
+        dist.all_reduce(x)                                  # sync
+        work = dist.all_gather_into_tensor(torch.empty(4), x, async_op=True)
+        work.wait()                                         # async
+        funcol.all_reduce(x, "sum", group).wait()           # DTensor's path
+        out.sum().backward()
+        optimizer.step()
+    state = collectives.installed()
+    pending = len(state.works) + len(state.tensors) if state else 0
+    argus_exporters.shutdown()
+    print(json.dumps({"pending": pending}))
+""")
+
+
+def _run_one_rank(tmp_path, env: dict) -> tuple[dict, dict]:
+    script = tmp_path / "one_rank.py"
+    script.write_text(ONE_RANK)
+    spool = tmp_path / "spool"
+    full = {**os.environ, "ARGUS_ENABLED": "1", "ARGUS_SINK": f"file://{spool}",
+            "ARGUS_JOB": "one", **env}
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], env=full,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    trace = load_traces([spool]).traces["one"]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), trace
+
+
+def _names_by_step(trace) -> list[set[str]]:
+    phases = trace.steps.phases
+    return [{n for i, n in enumerate(trace.steps.phase_names) if phases[s, i] == phases[s, i]}
+            for s in range(phases.shape[0])]
+
+
+def test_every_collective_is_named_by_its_group_and_waited_for(tmp_path):
+    """Sync, async and functional collectives each end at their wait (none left pending),
+    named after their group: the default group is ``dp`` until a ``("tp",)`` mesh over the
+    world names it ``tp``."""
+    result, trace = _run_one_rank(tmp_path, {})
+    steps = _names_by_step(trace)
+    assert len(steps) == 4 and result["pending"] == 0
+    for names in steps[:2]:
+        assert names == {"forward", "dp-allreduce", "dp-allgather", "backward", "optimizer"}
+    for names in steps[2:]:
+        assert names == {"forward", "tp-allreduce", "tp-allgather", "backward", "optimizer"}
+
+
+def test_argus_coords_win_over_what_meshes_say(tmp_path):
+    """``ARGUS_COORDS`` set by the operator is never replaced by learned coordinates, and a
+    default group that is not the dp axis is ``world``."""
+    _, trace = _run_one_rank(tmp_path, {"ARGUS_COORDS": "pp=3"})
+    assert trace.ranks[0].coords == (0, 0, 3, 0)
+    steps = _names_by_step(trace)
+    assert "world-allreduce" in steps[0] and "tp-allreduce" in steps[3]
+
+
+def test_off_patches_nothing(tmp_path):
+    """``ARGUS_COLLECTIVES=0``: no collective phase, DDP-less jobs keep only their phases."""
+    _, trace = _run_one_rank(tmp_path, {"ARGUS_COLLECTIVES": "0"})
+    assert {"forward", "backward", "optimizer"} == set(trace.steps.phase_names)
+
+
+UNWAITED = textwrap.dedent("""
+    import json, sys, torch, torch.distributed as dist
+    dist.init_process_group("gloo", init_method="file://" + sys.argv[1] + "/pg", rank=0,
+                            world_size=1)
+    import argus_exporters
+    from argus_exporters import collectives
+    model = torch.nn.Linear(4, 4)
+    argus_exporters.instrument(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    works = [dist.all_reduce(torch.ones(1), async_op=True) for _ in range(10_000)]
+    tracer = argus_exporters.get_tracer()
+    print(json.dumps({"pending": len(collectives.installed().works),
+                      "dropped": tracer.health.dropped.get("unwaited", 0)}))
+""")
+
+
+def test_collectives_nobody_waits_for_are_bounded_and_counted(tmp_path):
+    """10,000 async collectives never waited for (fire-and-forget): at most MAX_PENDING are
+    remembered, the others are dropped and counted, training goes on."""
+    from argus_exporters.collectives import MAX_PENDING
+
+    script = tmp_path / "unwaited.py"
+    script.write_text(UNWAITED)
+    env = {**os.environ, "ARGUS_ENABLED": "1", "ARGUS_SINK": f"file://{tmp_path}/spool"}
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["pending"] <= MAX_PENDING
+    assert result["pending"] + result["dropped"] == 10_000
+
+
+@pytest.mark.parametrize("case", PARALLEL_CASES, ids=lambda c: c.name)
+def test_every_parallelism_gets_exactly_its_verdict(case, tmp_path):
+    """A fresh real job: the faulty rank and its cause, nothing on the ranks that waited in
+    its collectives, nothing on a healthy job."""
+    spool = tmp_path / "spool"
+    real_jobs.run_case(case, spool, steps=STEPS)
+    outcome = real_jobs.judge(case, spool)
+    assert outcome["verdicts"] == case.expected, outcome["evidence"]
+    trace = load_traces([spool]).traces[case.name]
+    learned = {"tp": lambda r: (0, r, 0, 0), "moe": lambda r: (0, 0, 0, r),
+               "pp": lambda r: (r // 2, 0, r % 2, 0)}.get(case.env["ARGUS_TEST_PARALLEL"],
+                                                           lambda r: (r, 0, 0, 0))
+    assert {r: info.coords for r, info in trace.ranks.items()} == {
+        r: learned(r) for r in range(case.ranks)}  # from the meshes' named dimensions
+
+
+def _graph_breaks(tmp_path, parallel: str, argus: bool, fault: dict) -> tuple[dict, Path]:
+    counters = tmp_path / f"counters-{argus}"
+    spool = tmp_path / f"spool-{argus}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ARGUS_TEST_PARALLEL": parallel,
+           "ARGUS_TEST_STEPS": str(STEPS), "ARGUS_TEST_COMPILE": "1",
+           "ARGUS_TEST_COUNTERS": str(counters), **fault}
+    if argus:
+        env.update(ARGUS_ENABLED="1", ARGUS_TEST_INSTRUMENT="1", ARGUS_JOB="compiled",
+                   ARGUS_SINK=f"file://{spool}")
+    command = [str(real_jobs.BIN / "torchrun"), "--nproc-per-node", "2", "--master-port",
+               str(real_jobs._free_port()), str(real_jobs.PARALLEL_SCRIPT)]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(Path(f"{counters}.0.json").read_text()), spool
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp2", "tp"])
+def test_a_compiled_model_is_diagnosed_without_graph_breaks_of_argus(parallel, tmp_path):
+    """``torch.compile`` after ``instrument``: the slow rank is found, and dynamo reports no
+    graph-break reason that the same job without Argus does not have."""
+    fault = {"ARGUS_TEST_SLOW_RANK": "1", "ARGUS_TEST_FAULT": "compute",
+             "ARGUS_TEST_SLEEP_S": "0.02"}
+    plain, _ = _graph_breaks(tmp_path, parallel, False, fault)
+    traced, spool = _graph_breaks(tmp_path, parallel, True, fault)
+    assert set(traced["reasons"]) <= set(plain["reasons"])
+    from argus_core.detect.diagnose import diagnose
+
+    doc = diagnose(load_traces([spool]).traces["compiled"]).to_json()
+    assert {v["rank"]: v["cause"] for v in doc["verdict"]} == {1: "compute"}
