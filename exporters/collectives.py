@@ -65,6 +65,7 @@ FUNCOL_FUNCTIONS = {
 MESH_AXES = {"dp": "dp", "dp_shard": "dp", "dp_replicate": "dp", "fsdp": "dp", "ddp": "dp",
              "hsdp": "dp", "tp": "tp", "pp": "pp", "ep": "ep"}
 OPS = frozenset(PG_METHODS.values())
+_INHERITED = object()  # a patched attribute the owner did not define itself
 MAX_PENDING = 4096  # issued collectives awaiting their wait; older ones are dropped, counted
 
 
@@ -82,11 +83,13 @@ class Collectives:
         self.tensors: dict[int, Any] = {}  # result's storage address -> PhaseToken (funcol)
         self._lock = threading.Lock()
         self.scanned = False  # meshes built before install were looked for
-        self.patched: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
+        self.patched: list[tuple[Any, str, Any]] = []  # (owner, attribute, its own value or
+        # _INHERITED)
 
     def patch(self, owner: Any, attribute: str, replacement: Any) -> None:
-        """Replace ``owner.attribute``, remembering the original for ``uninstall``."""
-        self.patched.append((owner, attribute, getattr(owner, attribute)))
+        """Replace ``owner.attribute``, remembering the original for ``uninstall`` (the raw
+        class attribute: a pybind method read with getattr would not bind again)."""
+        self.patched.append((owner, attribute, vars(owner).get(attribute, _INHERITED)))
         setattr(owner, attribute, replacement)
 
     # -- naming ------------------------------------------------------------------------
@@ -177,17 +180,6 @@ class Collectives:
                     self.tracer.drop_phase(oldest, "unwaited")
         pending[key] = token
 
-    def waiting(self, pending: dict[int, Any], key: int) -> Any:
-        """The token of a pending collective and the mark where its wait began, or None."""
-        token = pending.pop(key, None)
-        if token is None:
-            return None
-        return token, self.tracer.clock.mark()
-
-    def waited(self, entry: Any) -> None:
-        """The wait returned: the collective's interval ends now."""
-        self.tracer.end_collective(*entry)
-
 
 _installed: Collectives | None = None
 _install_lock = threading.Lock()
@@ -230,7 +222,10 @@ def install(tracer: Any) -> Collectives | None:
 
 def _restore(state: Collectives) -> None:
     for owner, attribute, original in reversed(state.patched):
-        setattr(owner, attribute, original)
+        if original is _INHERITED:
+            delattr(owner, attribute)
+        else:
+            setattr(owner, attribute, original)
     state.patched.clear()
 
 
@@ -244,12 +239,6 @@ def uninstall() -> None:
             _installed = None
 
 
-def _compiling() -> bool:
-    import torch
-
-    return torch.compiler.is_compiling()
-
-
 def _patch_process_group(state: Collectives) -> None:
     from torch._C._distributed_c10d import ProcessGroup, Work
 
@@ -259,12 +248,15 @@ def _patch_process_group(state: Collectives) -> None:
             continue
         state.patch(ProcessGroup, method, _timed_method(state, original, op))
     wait = Work.wait
+    tracer, works, clock = state.tracer, state.works, state.tracer.clock
 
     def timed_wait(work, *args, **kwargs):
-        entry = state.waiting(state.works, id(work)) if state.works else None
+        token = works.pop(id(work), None) if works else None
+        if token is None:
+            return wait(work, *args, **kwargs)
+        waited_from = clock.mark(token.stream)
         result = wait(work, *args, **kwargs)
-        if entry is not None:
-            state.waited(entry)
+        tracer.end_collective(token, waited_from)
         return result
 
     timed_wait._argus = True  # type: ignore[attr-defined]
@@ -273,21 +265,23 @@ def _patch_process_group(state: Collectives) -> None:
 
 
 def _timed_method(state: Collectives, original: Any, op: str) -> Any:
+    import torch
+
+    compiling = torch.compiler.is_compiling
+    tracer, works = state.tracer, state.works
+
     def timed(group, *args, **kwargs):
-        if state.muted or _compiling():
+        if state.muted or compiling():
             return original(group, *args, **kwargs)
-        name = state.names(group)[op]
-        state.muted += 1
-        try:
-            token = state.tracer.begin_phase(name, collective=True)
-            work = original(group, *args, **kwargs)
-        finally:
-            state.muted -= 1
+        token = tracer.begin_phase(state.names(group)[op], collective=True)
+        work = original(group, *args, **kwargs)
         if token is not None:
             if work is None:
-                state.tracer.end_collective(token, None)
+                tracer.end_collective(token, None)
+            elif len(works) < MAX_PENDING:
+                works[id(work)] = token
             else:
-                state.remember(state.works, id(work), token)
+                state.remember(works, id(work), token)
         return work
 
     timed._argus = True  # type: ignore[attr-defined]
@@ -304,11 +298,15 @@ def _patch_functional(state: Collectives) -> None:
     if getattr(wait_tensor, "_argus", False):
         return
 
+    tracer, tensors, clock = state.tracer, state.tensors, state.tracer.clock
+
     def timed_wait_tensor(tensor):
-        entry = (state.waiting(state.tensors, _storage(tensor)) if state.tensors else None)
+        token = tensors.pop(_storage(tensor), None) if tensors else None
+        if token is None:
+            return wait_tensor(tensor)
+        waited_from = clock.mark(token.stream)
         result = wait_tensor(tensor)
-        if entry is not None:
-            state.waited(entry)
+        tracer.end_collective(token, waited_from)
         return result
 
     timed_wait_tensor._argus = True  # type: ignore[attr-defined]
@@ -320,8 +318,12 @@ def _patch_functional(state: Collectives) -> None:
 
 
 def _timed_functional(state: Collectives, funcol: Any, original: Any, op: str) -> Any:
+    import torch
+
+    compiling = torch.compiler.is_compiling
+
     def timed(tensor, *args, **kwargs):
-        if state.muted or _compiling():
+        if state.muted or compiling():
             return original(tensor, *args, **kwargs)
         group = kwargs.get("group", args[-1] if args else None)
         name = state.names(_group_object(funcol, group))[op]
