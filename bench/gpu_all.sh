@@ -3,6 +3,8 @@
 #   bench/gpu_kernels_check.py  the CUPTI kernel probe: records vs CUPTI's own walk, mixed
 #                               record kinds, decode cost, duty cycle, CUPTI-vs-host clock
 #   bench/gpu_overhead.py       step-time overhead, all probes on vs off, ABBA rounds
+#   bench/gpu_collectives.py    every collective timed on its stream (NCCL, CUDA events): phases
+#                               recorded, forward its own work, CPU per collective
 # Target: H200 with torch 2.11 (no native CUPTI callbacks: the Argus C shim is built here with
 # gcc), CUDA 13, CUPTI 13.0.85 (nvidia-cuda-cupti), Python 3.12; nothing can be downloaded there.
 #
@@ -19,8 +21,8 @@
 #
 # Run it with the device tool: carry [".whl"], command "bash bench/gpu_all.sh", timeout_s 540.
 # Writes under $OUT (./gpu-out when OUT is unset): gpu_all.json (summary: exit codes, times,
-# wheels, shim, nvidia-smi), gpu_kernels_check.json, gpu_overhead.json, gpu_all.log.
-# Exit status: 0 when both checks are ok, 1 otherwise, 2 when there is no GPU.
+# wheels, shim, nvidia-smi), gpu_kernels_check.json, gpu_overhead.json, gpu_collectives.json,
+# gpu_all.log. Exit status: 0 when every check is ok, 1 otherwise, 2 when there is no GPU.
 # GPU_OVERHEAD_ARGS passes options to gpu_overhead.py, e.g. "--steps 200 --rounds 3".
 set -u
 cd "$(dirname "$0")/.."
@@ -73,16 +75,19 @@ say "gpu_kernels_check (deadline ${KERNELS_S} s)"
 timeout -k 10 $((KERNELS_S + 30)) "$PY" bench/gpu_kernels_check.py --deadline-s "$KERNELS_S" \
     --out "$OUT/gpu_kernels_check.json" >/dev/null
 KERNELS_RC=$?
-OVERHEAD_S=$(( $(left) - 30 ))
+OVERHEAD_S=$(( $(left) - 90 ))
 say "gpu_kernels_check exit $KERNELS_RC; gpu_overhead (deadline ${OVERHEAD_S} s)"
 # shellcheck disable=SC2086  # GPU_OVERHEAD_ARGS is a list of options, split on purpose
 timeout -k 10 $((OVERHEAD_S + 20)) "$PY" bench/gpu_overhead.py --deadline-s "$OVERHEAD_S" \
     --out "$OUT/gpu_overhead.json" ${GPU_OVERHEAD_ARGS:-} >/dev/null
 OVERHEAD_RC=$?
-say "gpu_overhead exit $OVERHEAD_RC"
+say "gpu_overhead exit $OVERHEAD_RC; gpu_collectives"
+timeout -k 10 60 "$PY" bench/gpu_collectives.py --out "$OUT/gpu_collectives.json" >/dev/null
+COLLECTIVES_RC=$?
+say "gpu_collectives exit $COLLECTIVES_RC"
 
 # 4. the summary
-KERNELS_RC=$KERNELS_RC OVERHEAD_RC=$OVERHEAD_RC SHIM=$SHIM MISSING=$MISSING WHEELS=$WHEELS \
+KERNELS_RC=$KERNELS_RC OVERHEAD_RC=$OVERHEAD_RC COLLECTIVES_RC=$COLLECTIVES_RC SHIM=$SHIM MISSING=$MISSING WHEELS=$WHEELS \
 ELAPSED=$(($(date +%s) - START)) "$PY" - <<'PYTHON'
 import json, os, subprocess
 from pathlib import Path
@@ -101,18 +106,23 @@ try:
 except Exception as exc:
     smi = f"nvidia-smi: {exc}"
 kernels, overhead = load("gpu_kernels_check.json"), load("gpu_overhead.json")
+collectives = load("gpu_collectives.json")
 codes = {"gpu_kernels_check": int(os.environ["KERNELS_RC"]),
-         "gpu_overhead": int(os.environ["OVERHEAD_RC"])}
-summary = {"ok": kernels.get("ok") is True and overhead.get("ok") is True, "exit": codes,
+         "gpu_overhead": int(os.environ["OVERHEAD_RC"]),
+         "gpu_collectives": int(os.environ["COLLECTIVES_RC"])}
+summary = {"ok": all(r.get("ok") is True for r in (kernels, overhead, collectives)),
+           "exit": codes,
            "elapsed_s": int(os.environ["ELAPSED"]), "nvidia_smi": smi,
            "wheels": os.environ["WHEELS"].split(), "missing_wheels": os.environ["MISSING"].split(),
            "shim": os.environ["SHIM"] or None,
            "kernels": {k: kernels.get(k) for k in ("ok", "error", "problems", "summary")},
            "overhead": {k: overhead.get(k) for k in ("ok", "error", "launch_heavy", "gemm_heavy",
-                                                     "probes", "dropped")}}
+                                                     "probes", "dropped")},
+           "collectives": {k: collectives.get(k) for k in ("ok", "error", "checks", "phases_ms",
+                                                           "collective_overhead_cpu_us")}}
 (out / "gpu_all.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
 print(json.dumps(summary, default=str))
 PYTHON
-if [ "$KERNELS_RC" = 0 ] && [ "$OVERHEAD_RC" = 0 ]; then exit 0; fi
-if [ "$KERNELS_RC" = 2 ] || [ "$OVERHEAD_RC" = 2 ]; then exit 2; fi
+if [ "$KERNELS_RC" = 0 ] && [ "$OVERHEAD_RC" = 0 ] && [ "$COLLECTIVES_RC" = 0 ]; then exit 0; fi
+if [ "$KERNELS_RC" = 2 ] || [ "$OVERHEAD_RC" = 2 ] || [ "$COLLECTIVES_RC" = 2 ]; then exit 2; fi
 exit 1

@@ -96,25 +96,40 @@ def test_overhead_dry_run_runs_the_abba_rounds_on_cpu(plain_env, tmp_path):
     assert json.loads(out.read_text()) == result
 
 
+def test_collectives_dry_run_from_a_plain_checkout(plain_env, tmp_path):
+    """gloo and the host clock: both collectives recorded, forward its own work, the cost per
+    collective measured against the unhooked calls."""
+    out = tmp_path / "c.json"
+    code, result, stderr = run([str(BENCH / "gpu_collectives.py"), "--dry-run", "--steps",
+                                "12", "--pairs", "2", "--out", str(out)], plain_env)
+    assert code == 0 and result["ok"] is True, (result, stderr[-2000:])
+    assert result["argus_exporters"].endswith("(plain checkout)")
+    assert all(result["checks"].values())
+    assert result["phases_ms"]["dp-allreduce"] > 0 and len(
+        result["collective_overhead_cpu_us_pairs"]) == 2
+    assert json.loads(out.read_text()) == result
+
+
 def test_gpu_all_without_a_gpu_writes_why_under_out(plain_env, tmp_path):
-    """Both scripts, from a plain checkout, say in their JSON why they cannot run; the shim is
+    """Every script, from a plain checkout, say in their JSON why they cannot run; the shim is
     built; the summary lists what is missing."""
     env = {**plain_env, "OUT": str(tmp_path), "PYTHON": sys.executable}
     done = subprocess.run(["bash", str(BENCH / "gpu_all.sh")], capture_output=True, text=True,
                           env=env, timeout=300, check=False)
     assert done.returncode == 2, done.stdout[-3000:]  # no GPU here
     summary = json.loads((tmp_path / "gpu_all.json").read_text())
-    assert summary["exit"] == {"gpu_kernels_check": 2, "gpu_overhead": 2}
+    assert summary["exit"] == {"gpu_kernels_check": 2, "gpu_overhead": 2, "gpu_collectives": 2}
     assert summary["ok"] is False
     assert summary["shim"] and os.path.isfile(summary["shim"])  # built with gcc
     assert set(summary["missing_wheels"]) <= {"cupti_python", "orjson", "py_spy"}
     assert "no GPU" in summary["kernels"]["error"]
-    for script in ("gpu_kernels_check", "gpu_overhead"):
+    for script in ("gpu_kernels_check", "gpu_overhead", "gpu_collectives"):
         result = json.loads((tmp_path / f"{script}.json").read_text())
         assert result["ok"] is False and "no GPU" in result["error"]
         assert result["versions"]["python"]
     assert {p.name for p in tmp_path.iterdir()} >= {
-        "gpu_all.json", "gpu_all.log", "gpu_kernels_check.json", "gpu_overhead.json"}
+        "gpu_all.json", "gpu_all.log", "gpu_kernels_check.json", "gpu_overhead.json",
+        "gpu_collectives.json"}
     assert summary["elapsed_s"] < 480
 
 
