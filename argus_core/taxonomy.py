@@ -15,7 +15,8 @@ _COMM_WORDS = re.compile(
     r"\bp2p\b|barrier|\bcomm\b|collective", re.IGNORECASE)
 
 
-# what the exporters name the operations they time (``{axis}-{op}``, ``pg-send``)
+# what the exporters name the operations they time (``{axis}-{op}``, ``pg-send``): the same
+# set as ``argus_exporters.collectives.OPS`` (a test holds them equal)
 COLLECTIVE_OPS = frozenset({"allreduce", "allgather", "reducescatter", "alltoall", "broadcast",
                             "reduce", "gather", "scatter", "send", "recv", "barrier"})
 

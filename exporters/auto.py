@@ -7,8 +7,8 @@ load:
 
 - ``torch.optim.optimizer``: torch's global optimizer hooks are registered, so every
   optimizer's ``step()`` is timed as the ``optimizer`` phase and closes a training step; a
-  model that is no DDP (FSDP, tensor or pipeline parallel) is found in the first step (the
-  outermost module holding the optimizer's parameters) and instrumented from the second;
+  model that is no DDP (FSDP, tensor or pipeline parallel) is found in the second step (the
+  outermost module holding the optimizer's parameters) and instrumented from the third;
 - ``torch.nn.parallel.distributed``: every ``DistributedDataParallel`` model the script builds
   is instrumented as ``argus_exporters.instrument`` would (forward, backward, and its gradient
   all-reduce as ``dp-allreduce`` through a timed comm hook), so a straggler's slow forward is
@@ -59,13 +59,15 @@ def register_optimizer_hooks() -> None:
     def pre(optimizer, args, kwargs):
         tokens[id(optimizer)] = tracer.begin_phase("optimizer")
 
-    roots = _RootModules()
+    roots: list[_RootModules] = []  # made at the first step if no DDP model was instrumented
 
     def post(optimizer, args, kwargs):
         tracer.end_phase(tokens.pop(id(optimizer), None))
         tracer.step()
-        if roots.watching:
-            roots.instrument(optimizer, tracer)
+        if not roots:
+            roots.append(_RootModules(active=not tracer.model_instrumented))
+        elif roots[0].watching:
+            roots[0].instrument(optimizer, tracer)
 
     optim.register_optimizer_step_pre_hook(pre)
     optim.register_optimizer_step_post_hook(post)
@@ -73,18 +75,20 @@ def register_optimizer_hooks() -> None:
 
 class _RootModules:
     """Finds the model of a script whose model is no DDP (FSDP, DTensor, a pipeline stage):
-    during the first step, global module hooks note the outermost modules called; at its
+    during the second step, global module hooks note the outermost modules called; at its
     optimizer step those holding the optimizer's parameters get ``instrument``'s hooks and
-    the global hooks go (they would cost a call per submodule)."""
+    the global hooks go (they would cost a call per submodule). A DDP job never gets them."""
 
-    def __init__(self):
-        from torch.nn.modules import module
-
+    def __init__(self, active: bool):
         self.depth = 0
         self.seen: dict[int, object] = {}
-        self.watching = True
-        self.handles = [module.register_module_forward_pre_hook(self._enter),
-                        module.register_module_forward_hook(self._leave)]
+        self.watching = active
+        self.handles = []
+        if active:
+            from torch.nn.modules import module
+
+            self.handles = [module.register_module_forward_pre_hook(self._enter),
+                            module.register_module_forward_hook(self._leave)]
 
     def _enter(self, module, args):
         if self.depth == 0:

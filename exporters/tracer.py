@@ -112,6 +112,7 @@ def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 CPU_SAMPLE_EVERY = 16
+MAX_INTERVALS_PER_STEP = 1 << 16  # phase intervals kept for one step; more are dropped
 RESOLVE_PERIOD_S = 0.2  # the resolver also wakes when a quarter of the pending queue is used
 
 
@@ -210,8 +211,8 @@ class Tracer:
             return
         cpu0 = time.thread_time() if self._sampled else 0.0
         end = self.clock.mark(stream if stream is not None else token.stream)
-        self._close(_Phase(token.name, token.start, end, token.span, stream=token.stream_key),
-                    token.step)
+        self._close(_Phase(token.name, token.start, end, token.span, token.collective,
+                           stream=token.stream_key), token.step)
         if self._sampled:
             self._cpu += time.thread_time() - cpu0
 
@@ -236,11 +237,14 @@ class Tracer:
 
     def _close(self, phase: _Phase, step_index: int) -> None:
         with self._lock:
-            if step_index == self._current.index:
-                self._current.phases.append(phase)
+            current = self._current
+            if step_index == current.index and len(current.phases) < MAX_INTERVALS_PER_STEP:
+                current.phases.append(phase)
                 return
-        # ended after its step closed: its step record is already on its way
-        self.health.drop("late_phase")
+            late = step_index != current.index
+        # ended after its step closed (its step record is already on its way), or a step
+        # that never closes (collectives outside training: evaluation without an optimizer)
+        self.health.drop("late_phase" if late else "step_intervals_full")
         for mark in (phase.start, phase.end, phase.waited_from):
             if mark is not None:
                 self.clock.release(mark)

@@ -139,11 +139,30 @@ def test_a_collective_on_another_stream_is_not_taken_out_of_forward(tmp_path):
     assert _one_step(tmp_path, script) == {"forward": 10.0, "dp-allgather": 3.0}
 
 
+def test_a_step_that_never_closes_holds_a_bounded_number_of_intervals(tmp_path):
+    """Collectives with no optimizer step to close the step (an evaluation loop): the step
+    keeps at most MAX_INTERVALS_PER_STEP intervals, the rest are dropped and counted."""
+    from argus_exporters.tracer import MAX_INTERVALS_PER_STEP
+
+    tracer = Tracer(Settings(enabled=True, sink=f"file://{tmp_path}", flush_s=0.05), IDENTITY,
+                    clock=DrivenClock())
+    extra = 1000
+    for _ in range(MAX_INTERVALS_PER_STEP + extra):
+        tracer.end_collective(tracer.begin_phase("dp-allreduce", collective=True))
+    assert len(tracer._current.phases) == MAX_INTERVALS_PER_STEP
+    assert tracer.health.dropped["step_intervals_full"] == extra
+    tracer.shutdown()
+
+
 def test_the_operations_the_exporters_name_are_communication():
     """``pg-send`` and ``world-alltoall`` are collectives (no axis); ``tp-allreduce`` is on tp."""
     assert is_comm_phase("pg-send") and phase_axis("pg-send") is None
     assert is_comm_phase("world-alltoall") and is_comm_phase("pp-recv")
     assert phase_axis("tp-allreduce") == "tp" and not is_comm_phase("forward")
+    from argus_core.taxonomy import COLLECTIVE_OPS
+    from argus_exporters.collectives import OPS
+
+    assert COLLECTIVE_OPS == OPS  # the core knows every name the exporters give
 
 
 ONE_RANK = textwrap.dedent("""
