@@ -14,18 +14,26 @@ so a restart costs no batch; still unreachable at the end, the batch is a ``sink
 answers are not retried: a 2xx is delivered; a 4xx, a 5xx other than 503 or a timeout (the
 receiver may be working on it) costs at most one ``http_timeout_s`` and is a ``sink_error``;
 what the receiver said about a refused batch goes to the log (once a minute per answer).
-``shutdown`` ends a wait at once.
+
+Every post is bounded whatever the receiver does: ``http_timeout_s`` is the deadline of the
+whole post (connect, send, answer), enforced by a timer that shuts the socket down (a
+receiver trickling its answer a byte a second gets no longer than that), and at most
+``MAX_ANSWER_BYTES`` of an answer are read (a connection whose answer was longer is not kept).
+``stop_waiting`` and ``shutdown`` end a wait and a post in flight at once; the connection is
+closed only by the thread that uses it.
 While the shipper's thread waits, the training thread keeps submitting into the shipper's
 bounded queue, which drops its oldest lines (counted) when full.
 """
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import gzip
 import http.client
 import logging
 import os
+import socket
 import threading
 import time
 from datetime import UTC, datetime
@@ -38,6 +46,7 @@ from argus_exporters.identity import RankIdentity
 RETRIED_STATUSES = (429, 503)
 NO_CONNECTION = "connection"  # the retry label of a receiver that could not be reached
 _ANSWER_LOGGED_CHARS = 500  # of a refusal's body, in the training log
+MAX_ANSWER_BYTES = 4096  # of any answer, read; the rest is never read
 _ANSWER_LOG_EVERY_S = 60.0  # the same refusal is logged again at most this often
 
 logger = logging.getLogger("argus_exporters")
@@ -86,6 +95,9 @@ class HttpSink:
         self._last_refusal: tuple[str, float] = ("", 0.0)  # (what was logged, when)
         self._conn: http.client.HTTPConnection | None = None
         self._closing = threading.Event()
+        self._lock = threading.Lock()  # guards the post in flight (its socket, abort state)
+        self._posting = False
+        self._aborted = False
 
     def _connection(self) -> http.client.HTTPConnection:
         if self._conn is None:
@@ -99,15 +111,24 @@ class HttpSink:
             self._conn = None
 
     def _post(self, body: bytes) -> tuple[int | str | None, str | None]:
-        """One attempt: (status, Retry-After header); ``NO_CONNECTION`` when the receiver could
-        not be reached or closed the connection before answering, None on a timeout (the
-        connection is then opened afresh next time)."""
+        """One attempt, within the deadline: (status, Retry-After header); ``NO_CONNECTION``
+        when the receiver could not be reached or closed the connection before answering,
+        None on a timeout or an abort (the connection is then opened afresh next time)."""
         reused = self._conn is not None
+        with self._lock:
+            if self._closing.is_set():
+                return NO_CONNECTION, None
+            self._posting, self._aborted = True, False
+        timer = threading.Timer(self.timeout, self._abort)
+        timer.daemon = True
+        timer.start()
         try:
             conn = self._connection()
             conn.request("POST", self.path, body=body, headers=self.headers)
             response = conn.getresponse()
-            answer = response.read()
+            answer = response.read(MAX_ANSWER_BYTES)
+            if not response.isclosed():  # more than we read: never reuse this connection
+                self._reset()
             if response.status >= 400 and response.status not in RETRIED_STATUSES:
                 self._log_refusal(response.status, answer)
             return response.status, response.getheader("Retry-After")
@@ -116,9 +137,30 @@ class HttpSink:
             return None, None
         except (OSError, http.client.HTTPException):
             self._reset()
+            if self._aborted:  # the deadline passed, or shutting down
+                return None, None
             if reused and not self._closing.is_set():  # a kept-alive connection gone stale
+                timer.cancel()
+                with self._lock:
+                    self._posting = False
                 return self._post(body)
             return NO_CONNECTION, None
+        finally:
+            timer.cancel()
+            with self._lock:
+                self._posting = False
+
+    def _abort(self) -> None:
+        """End the post in flight now: shut its socket down (never close it: the posting
+        thread may be reading it), so the posting thread's read returns."""
+        with self._lock:
+            if not self._posting:
+                return
+            self._aborted = True
+            sock = getattr(self._conn, "sock", None) if self._conn is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):  # already closed
+                sock.shutdown(socket.SHUT_RDWR)
 
     def _log_refusal(self, status: int, answer: bytes) -> None:
         """Say in the training log what the receiver answered to a refused batch (the
@@ -164,10 +206,16 @@ class HttpSink:
         return True
 
     def stop_waiting(self) -> None:
-        """End any retry wait now and retry no more (shutting down); safe from any thread."""
+        """End any retry wait and any post in flight now, and retry no more (shutting
+        down); safe from any thread."""
         self._closing.set()
+        self._abort()
 
     def shutdown(self) -> None:
-        """End any retry wait and close the connection."""
-        self._closing.set()
-        self._reset()
+        """End any retry wait and post in flight; close the connection unless a post still
+        uses it (its thread closes it)."""
+        self.stop_waiting()
+        with self._lock:
+            idle = not self._posting
+        if idle:
+            self._reset()
