@@ -8,9 +8,10 @@ process must be able to exit and its memory must not follow the answer.
 
 from __future__ import annotations
 
-import socket
-import threading
+import importlib.util
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -20,57 +21,14 @@ from argus_exporters.identity import RankIdentity
 from argus_exporters.sinks.http import MAX_ANSWER_BYTES
 from argus_exporters.tracer import Tracer
 
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+sys.path.insert(0, str(BENCH))  # the bench's own imports (_report)
+_spec = importlib.util.spec_from_file_location("sink_bounds", BENCH / "sink_bounds.py")
+sink_bounds = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sink_bounds)
+HostileReceiver = sink_bounds.HostileReceiver
 IDENTITY = RankIdentity("job", 0, 1, 0, "node-0", {"dp": 0, "tp": 0, "pp": 0, "ep": 0})
 TIMEOUT_S = 0.5
-
-
-class HostileReceiver:
-    """Accepts connections, reads each request and answers in a chosen bad way, forever."""
-
-    def __init__(self, mode: str):
-        self.mode = mode
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.sent = 0
-        self.stop = threading.Event()
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while not self.stop.is_set():
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
-
-    def _answer(self, conn: socket.socket) -> None:
-        try:
-            conn.recv(1 << 20)  # the request (small, one read is enough on loopback)
-            if self.mode == "trickle":
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n")
-                while not self.stop.is_set():
-                    conn.sendall(b"x")
-                    self.sent += 1
-                    time.sleep(0.05)
-            elif self.mode == "huge":
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 1073741824\r\n\r\n")
-                chunk = b"x" * 65536
-                while not self.stop.is_set() and self.sent < 1 << 30:
-                    conn.sendall(chunk)
-                    self.sent += len(chunk)
-            elif self.mode == "endless":
-                conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-                while not self.stop.is_set():
-                    conn.sendall(b"10000\r\n" + b"x" * 65536 + b"\r\n")
-                    self.sent += 65536
-        except OSError:
-            pass
-        finally:
-            conn.close()
-
-    def close(self) -> None:
-        self.stop.set()
-        self.sock.close()
 
 
 def _rss_mb() -> float:
