@@ -325,7 +325,9 @@ def _timed_functional(state: Collectives, funcol: Any, original: Any, op: str) -
     def timed(tensor, *args, **kwargs):
         if state.muted or compiling():
             return original(tensor, *args, **kwargs)
-        group = kwargs.get("group", args[-1] if args else None)
+        group = kwargs.get("group")
+        if group is None:  # positional: the last argument that is no tag (a string)
+            group = next((a for a in reversed(args) if not isinstance(a, str)), None)
         name = state.names(_group_object(funcol, group))[op]
         state.muted += 1
         try:
