@@ -38,6 +38,7 @@ def instrument(model: Any, optimizer: Any, tracer: Tracer | NoOpTracer) -> list[
     if not tracer.enabled:
         return []
     collectives.learn_existing_meshes(collectives.install(tracer))
+    _compiling()  # bound now, in eager mode: never first looked up while dynamo traces
     handles = []
     eager: list[Callable] = []  # pre-hooks a compiled wrapper of the model runs for it
     if _is_ddp(model):
@@ -86,9 +87,16 @@ def instrument(model: Any, optimizer: Any, tracer: Tracer | NoOpTracer) -> list[
 
 
 def _compiling() -> bool:
-    import torch
+    """Whether dynamo is tracing (``torch.compiler.is_compiling``, looked up once)."""
+    global _is_compiling
+    if _is_compiling is None:
+        from torch.compiler import is_compiling
 
-    return torch.compiler.is_compiling()
+        _is_compiling = is_compiling
+    return _is_compiling()
+
+
+_is_compiling = None  # torch.compiler.is_compiling, bound on first use (torch loads late)
 
 
 def _hook_compiled_wrappers() -> None:
