@@ -97,6 +97,12 @@ def top_kernels(summary: KernelSummary, k: int) -> KernelSummary:
     return summary.take(keep_group[gid])
 
 
+QUANTILE_FAMILY = "argus_kernel_duration_seconds"
+EXECUTIONS_FAMILY = "argus_kernel_executions"
+_QUANTILE_DOC = "Kernel duration quantile per cluster in the last window."
+_EXECUTIONS_DOC = "Kernel executions per cluster in the last window."
+
+
 def summary_families(by_job: Mapping[str, KernelSummary]) -> list:
     """Prometheus metric families for kernel summaries: per cluster, executions and the
     p50/p99 duration in seconds.
@@ -107,12 +113,8 @@ def summary_families(by_job: Mapping[str, KernelSummary]) -> list:
     from prometheus_client.core import GaugeMetricFamily
 
     labels = ["job", "rank", "kernel", "stream", "cluster"]
-    quantiles = GaugeMetricFamily("argus_kernel_duration_seconds",
-                                  "Kernel duration quantile per cluster in the last window.",
-                                  labels=[*labels, "quantile"])
-    counts = GaugeMetricFamily("argus_kernel_executions",
-                               "Kernel executions per cluster in the last window.",
-                               labels=labels)
+    quantiles = GaugeMetricFamily(QUANTILE_FAMILY, _QUANTILE_DOC, labels=[*labels, "quantile"])
+    counts = GaugeMetricFamily(EXECUTIONS_FAMILY, _EXECUTIONS_DOC, labels=labels)
     for job, summary in by_job.items():
         rows = zip(summary.rank.tolist(), summary.kernel.tolist(), summary.stream.tolist(),
                    summary.cluster.tolist(), summary.count.tolist(), summary.p50_ns.tolist(),
@@ -123,6 +125,41 @@ def summary_families(by_job: Mapping[str, KernelSummary]) -> list:
             quantiles.add_metric([*key, "0.5"], p50 * 1e-9)
             quantiles.add_metric([*key, "0.99"], p99 * 1e-9)
     return [quantiles, counts]
+
+
+def summary_lines(summary: KernelSummary, job: str) -> tuple[str, str]:
+    """The sample lines of one job's summaries exactly as :func:`summary_families` renders
+    them through prometheus-client: (quantile lines, execution lines). The processor renders
+    them once per window and joins them on every scrape, which keeps /metrics at 10,000
+    ranks to a join of strings."""
+    from prometheus_client.utils import floatToGoString
+
+    job_l = _label_value(job)
+    names = [_label_value(name) for name in summary.names]
+    quantiles, counts = [], []
+    rows = zip(summary.rank.tolist(), summary.kernel.tolist(), summary.stream.tolist(),
+               summary.cluster.tolist(), summary.count.tolist(), summary.p50_ns.tolist(),
+               summary.p99_ns.tolist(), strict=True)
+    for rank, kernel, stream, cluster, count, p50, p99 in rows:
+        head = f'cluster="{cluster}",job="{job_l}",kernel="{names[kernel]}"'
+        tail = f'rank="{rank}",stream="{stream}"'
+        counts.append(f"{EXECUTIONS_FAMILY}{{{head},{tail}}} {floatToGoString(count)}\n")
+        quantiles.append(f'{QUANTILE_FAMILY}{{{head},quantile="0.5",{tail}}} '
+                         f"{floatToGoString(p50 * 1e-9)}\n")
+        quantiles.append(f'{QUANTILE_FAMILY}{{{head},quantile="0.99",{tail}}} '
+                         f"{floatToGoString(p99 * 1e-9)}\n")
+    return "".join(quantiles), "".join(counts)
+
+
+def summary_headers() -> tuple[str, str]:
+    """The ``# HELP``/``# TYPE`` lines of the two families of :func:`summary_lines`."""
+    return tuple(f"# HELP {name} {doc}\n# TYPE {name} gauge\n" for name, doc in (
+        (QUANTILE_FAMILY, _QUANTILE_DOC), (EXECUTIONS_FAMILY, _EXECUTIONS_DOC)))
+
+
+def _label_value(value: str) -> str:
+    """A label value escaped for the text format (backslash, newline, double quote)."""
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
 
 
 def exposition(summary: KernelSummary, job: str) -> bytes:

@@ -1,6 +1,6 @@
 """Soak: one processor under a mixed load, slow-loris clients alongside, SIGKILLed midway.
 
-    python bench/processor_soak.py [--seconds 180] [--loris 300] [--json]
+    python bench/processor_soak.py [--seconds 180] [--loris 300] [--hostile] [--json]
 
 What runs, all on loopback against one ``argus processor`` (default durability, file store):
 
@@ -15,6 +15,12 @@ What runs, all on loopback against one ``argus processor`` (default durability, 
 - the processor's RSS is read from /proc every second;
 - halfway, the processor gets SIGKILL and a new one starts on the same spool (it replays the
   write-ahead log); at the end, SIGTERM and drain.
+
+- with ``--hostile``, beside that load: every ~2 s a 78 KB body spreading kernels of 20
+  ranks over a day (28,600 windows: it must be refused whole), four concurrent 24 MB chunked
+  bodies, four /metrics requests that never read their answer and one real scrape (its
+  seconds and size); and once, a ``--wide-ranks`` (10,000) rank job whose kernel summaries
+  then fill /metrics. The processor's file descriptors are counted every second.
 
 Then every Perfetto file in the store is read back and, per (job, rank), the kernels, steps and
 stack samples in the files are compared with what was acknowledged (accepted minus what the
@@ -315,6 +321,94 @@ def big_body_probe(processor: Processor, megabytes: int) -> dict:
             "big_body_healthz_max_ms": float(latency.max())}
 
 
+def spread_body(windows: int, ranks: int, job: str) -> bytes:
+    """One kernel a minute for ``windows`` minutes up to now, for each of ``ranks`` ranks."""
+    now = time.time_ns() // 60_000_000_000 * 60_000_000_000
+    records = [{"v": 1, "kind": "kernels", "job": job, "rank": rank, "names": ["gemm"],
+                "name": [0] * windows, "stream": [7] * windows,
+                "start_ns": [now - (windows - 1 - i) * 60_000_000_000 + 1000
+                             for i in range(windows)], "dur_ns": [50_000] * windows}
+               for rank in range(ranks)]
+    return gzip.compress(b"".join(orjson.dumps(r) + b"\n" for r in records), 1)
+
+
+def wide_job(processor: Processor, ranks: int, stop: threading.Event,
+             ledger: Ledger) -> None:
+    """Identities and one kernel batch for ``ranks`` ranks of one job (1,000 per body): once
+    their window closes, /metrics carries kernel summaries for all of them."""
+    for first in range(0, ranks, 1000):
+        records, now = [], time.time_ns()
+        for rank in range(first, min(first + 1000, ranks)):
+            records.append({"v": 1, "kind": "rank", "job": "wide", "rank": rank,
+                            "world_size": ranks, "host": f"node-{rank // 8}"})
+            records.append({"v": 1, "kind": "kernels", "job": "wide", "rank": rank,
+                            "names": NAMES[:4], "name": [0, 1, 2, 3], "stream": [7] * 4,
+                            "start_ns": [now - 10**9 + i * 10**6 for i in range(4)],
+                            "dur_ns": [20_000, 30_000, 40_000, 50_000]})
+        body = gzip.compress(b"".join(orjson.dumps(r) + b"\n" for r in records), 1)
+        answer = post_until_answered(processor, body, stop, ledger)
+        if answer is None:
+            return
+        for rank in range(first, min(first + 1000, ranks)):  # late ones are per body: none
+            ledger.add(("wide", rank), Counter(kernels=4), {})
+
+
+def hostile(processor: Processor, stop: threading.Event, stats: Counter,
+            scrapes: list[tuple[float, int]]) -> None:
+    """Every ~2 s: a body spreading kernels over a day (must be refused whole), four
+    concurrent 24 MB chunked bodies, four /metrics requests that never read their answer,
+    and one real scrape of /metrics (its seconds and bytes recorded)."""
+    attack = spread_body(1430, 20, "hostile-spread")
+    while not stop.is_set():
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", processor.port, timeout=30)
+            conn.request("POST", "/v1/records", body=attack,
+                         headers={"Content-Encoding": "gzip"})
+            stats[f"spread_{conn.getresponse().status}"] += 1
+            conn.close()
+        except (OSError, http.client.HTTPException):
+            stats["spread_error"] += 1
+        socks = []
+        for _ in range(4):
+            with contextlib.suppress(OSError):
+                sock = socket.create_connection(("127.0.0.1", processor.port), timeout=5)
+                sock.sendall(b"POST /v1/records HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: "
+                             b"chunked\r\nContent-Encoding: gzip\r\n\r\n")
+                socks.append(sock)
+        piece = b"%x\r\n" % (1 << 20) + b"\x00" * (1 << 20) + b"\r\n"
+        for _ in range(24):
+            for sock in list(socks):
+                try:
+                    sock.sendall(piece)
+                except OSError:
+                    socks.remove(sock)
+                    sock.close()
+                    stats["chunked_cut_off"] += 1
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                sock.sendall(b"0\r\n\r\n")
+                stats[f"chunked_{sock.recv(12)[9:12].decode() or 'closed'}"] += 1
+            sock.close()
+        readers = []
+        for _ in range(4):
+            with contextlib.suppress(OSError):
+                sock = socket.create_connection(("127.0.0.1", processor.port), timeout=5)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                readers.append(sock)
+        started = time.perf_counter()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{processor.port}/metrics",
+                                        timeout=60) as response:
+                size = len(response.read())
+            scrapes.append((time.perf_counter() - started, size))
+        except OSError:
+            stats["scrape_failed"] += 1
+        stop.wait(2.0)
+        for sock in readers:
+            sock.close()
+
+
 def read_back(store: Path) -> tuple[dict, dict]:
     """(job, rank) -> Counter of kernels, steps, stacks in the files; -> process names."""
     from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
@@ -356,6 +450,11 @@ def main() -> int:
     parser.add_argument("--max-connections", type=int, default=256)
     parser.add_argument("--big-body-mb", type=int, default=60,
                         help="first post one body this big and probe /healthz meanwhile (0: no)")
+    parser.add_argument("--hostile", action="store_true",
+                        help="add the hostile mix: day-spread bodies, concurrent chunked "
+                             "bodies, /metrics readers that never read, a --wide-ranks job")
+    parser.add_argument("--wide-ranks", type=int, default=10_000,
+                        help="with --hostile: ranks of the wide job on /metrics")
     parser.add_argument("--processor-args", default="")
     parser.add_argument("--keep", action="store_true",
                         help="keep the work directory (store, spool, processor.log)")
@@ -384,9 +483,17 @@ def main() -> int:
     threads.append(threading.Thread(target=prober,
                                     args=(processor, stop, down, latencies, failures),
                                     daemon=True))
+    hostile_stats: Counter = Counter()
+    scrapes: list[tuple[float, int]] = []
+    if args.hostile:
+        threads.append(threading.Thread(target=hostile, daemon=True,
+                                        args=(processor, stop, hostile_stats, scrapes)))
+        threads.append(threading.Thread(target=wide_job, daemon=True,
+                                        args=(processor, args.wide_ranks, stop, ledger)))
     for thread in threads:
         thread.start()
     rss: list[tuple[float, float, int]] = []  # (seconds, MB, which start)
+    fds: list[int] = []
     start = time.monotonic()
     jobs: list[tuple[float, list[Rank]]] = []
     next_job = 0.0
@@ -418,6 +525,8 @@ def main() -> int:
         value = processor.rss_mb()
         if value is not None:
             rss.append((now, value, generation))
+        with contextlib.suppress(OSError, AttributeError):
+            fds.append(len(os.listdir(f"/proc/{processor.proc.pid}/fd")))
         time.sleep(1.0)
     stop.set()
     for thread in threads:
@@ -458,7 +567,13 @@ def main() -> int:
            "healthz_failures": failures["healthz"],
            "loris_opened": loris_stats["opened"], "loris_cut_off": loris_stats["cut_off"],
            **big,
-           **_rss_summary(rss)}
+           **_rss_summary(rss),
+           "descriptors_max": max(fds, default=None)}
+    if args.hostile:
+        out.update({f"hostile_{k}": v for k, v in sorted(hostile_stats.items())})
+        out["hostile_scrapes"] = len(scrapes)
+        out["hostile_scrape_max_s"] = max((t for t, _ in scrapes), default=None)
+        out["hostile_scrape_max_mb"] = max((n for _, n in scrapes), default=0) / 2**20
     report(out, args.json)
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)

@@ -31,7 +31,7 @@ def build() -> dm.Dashboard:
                                   "Ranks to show (all by default).", multi=True, numeric=True),
                  p.query_variable("kernel", "Kernel", q.VAR_KERNEL,
                                   "Kernel whose distribution is shown."),
-                 p.traces_variable()])
+                 p.traces_variable(), p.read_token_variable()])
         .with_panel(p.timeseries(
             "W1 score per rank", "Each rank's worst kernel score: directional Wasserstein-1 "
             "extra time over its peers' robust reference (+100% = twice as slow). L3 flags "

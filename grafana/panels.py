@@ -76,8 +76,10 @@ def trace_links(rank: str, job: str = "${__field.labels.job:percentencode}",
 
     They go to the processor's ``/v1/traces`` routes (``$traces`` variable), which find the
     window in the trace store and redirect to a fresh presigned URL, so a link never expires.
+    ``token=`` carries ``$argus_read_token`` for a processor with a read token (a data link
+    cannot send headers); empty, it is ignored by a processor without one.
     """
-    params = f"job={job}&rank={rank}&at={at}"
+    params = f"job={job}&rank={rank}&at={at}&token=${{{READ_TOKEN_VARIABLE}:percentencode}}"
     return [link("Open in Perfetto UI (rank ${__field.labels.rank})",
                  f"${{traces}}/v1/traces/perfetto?{params}"),
             link("Download Perfetto trace", f"${{traces}}/v1/traces/open?{params}")]
@@ -222,6 +224,18 @@ def traces_variable() -> dashboard.TextBoxVariable:
             .default_value("http://localhost:9700")
             .description("Base URL of an Argus processor reachable from your browser; its "
                          "/v1/traces routes find a rank's Perfetto file for a time."))
+
+
+READ_TOKEN_VARIABLE = "argus_read_token"
+
+
+def read_token_variable() -> dashboard.TextBoxVariable:
+    """``$argus_read_token``: the processors' read token for the trace links; hidden and empty
+    by default (set it with ``?var-argus_read_token=...`` or in the provisioned JSON)."""
+    return (dashboard.TextBoxVariable(READ_TOKEN_VARIABLE).label("Trace read token")
+            .default_value("").hide(dm.VariableHide.HIDE_VARIABLE)
+            .description("Read token of the processors' /v1/traces routes, sent as token= "
+                         "on the trace links; leave empty for processors without one."))
 
 
 def assign_ids(model: dm.Dashboard) -> dm.Dashboard:

@@ -94,8 +94,9 @@ def expected_slices(*batches: dict) -> list[tuple[int, int, str]]:
 
 
 def config(tmp_path: Path, **overrides) -> ProcessorConfig:
+    settings = {"window_s": 60, "grace_s": 5, **overrides}
     return ProcessorConfig(store=f"file://{tmp_path}/store", spool_dir=str(tmp_path / "spool"),
-                           window_s=60, grace_s=5, **overrides)
+                           **settings)
 
 
 def run(processor: Processor, scenario) -> None:

@@ -86,7 +86,8 @@ def test_variables_each_dashboard_declares(boards):
              for board in boards.values()}
     assert names["argus-overview"] == ["datasource", "job"]
     assert names["argus-stragglers"] == ["datasource", "job", "axis", "rank"]
-    assert names["argus-kernels"] == ["datasource", "job", "rank", "kernel", "traces"]
+    assert names["argus-kernels"] == ["datasource", "job", "rank", "kernel", "traces",
+                                      "argus_read_token"]
     assert names["argus-pipeline"] == ["datasource", "job"]
     axis = next(v for v in boards["dashboards/argus-stragglers.json"]["templating"]["list"]
                 if v["name"] == "axis")

@@ -242,7 +242,7 @@ def test_closed_window_carries_identity_steps_and_stacks():
     assert window.names.names[handover.kernels.name[0]] == "gemm"
     np.testing.assert_array_equal(handover.kernels.start_ns, [W + 1 + i * 1000 for i in range(5)])
     assert store.memory() == {"kernels": 0, "records": 0, "windows": 0,
-                              "ranks": store.rank_bytes}
+                              "ranks": store.rank_bytes, "floors": 0}
 
 
 def test_kernels_are_handed_over_in_chunks_and_the_rest_at_close():

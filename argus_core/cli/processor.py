@@ -9,6 +9,7 @@ import sys
 from argus_core.processor.config import DURABILITY, ProcessorConfig
 
 _DEFAULTS = ProcessorConfig()
+DEFAULT_TOKEN_ENV = "ARGUS_PROCESSOR_TOKEN"
 
 
 def register(commands) -> None:
@@ -77,9 +78,30 @@ def register(commands) -> None:
     p.add_argument("--top-k", type=int, default=_DEFAULTS.top_k,
                    help="kernels per rank on /metrics, those with the most time (default "
                         f"{_DEFAULTS.top_k})")
-    p.add_argument("--token-env", default="ARGUS_PROCESSOR_TOKEN", metavar="VAR",
-                   help="environment variable holding the bearer token (unset: no auth)")
+    p.add_argument("--token-env", default=None, metavar="VAR",
+                   help="environment variable holding the bearer token of POST /v1/records "
+                        f"(default {DEFAULT_TOKEN_ENV}; unset: no auth, allowed on loopback "
+                        "only). A variable named here must be set")
+    p.add_argument("--read-token-env", default=None, metavar="VAR",
+                   help="environment variable holding a bearer token that trace reads "
+                        "(/v1/traces/*) need; it must be set (default: reads need no token)")
+    p.add_argument("--protect-reads", action="store_true",
+                   help="trace reads need the ingest token (when no --read-token-env)")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow a non-loopback --listen address without a token")
     p.set_defaults(run=run)
+
+
+def _token(variable: str | None, default: str | None) -> str | None:
+    """The token in ``variable`` (a variable named on the command line must be set), else
+    in ``default`` if that is set."""
+    if variable is not None:
+        value = os.environ.get(variable, "").strip()
+        if not value:
+            raise ValueError(f"${variable} (named by a token option) is unset or empty: "
+                             f"refusing to start without the token it should hold")
+        return value
+    return (os.environ.get(default, "").strip() or None) if default else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,11 +114,22 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"argus processor: error: {exc}", file=sys.stderr)
         return 2
+    try:
+        token = _token(args.token_env, DEFAULT_TOKEN_ENV)
+        read_token = _token(args.read_token_env, None) or (token if args.protect_reads
+                                                           else None)
+    except ValueError as exc:
+        print(f"argus processor: error: {exc}", file=sys.stderr)
+        return 2
+    if args.protect_reads and not read_token:
+        print("argus processor: error: --protect-reads needs an ingest token "
+              f"(${args.token_env or DEFAULT_TOKEN_ENV} is unset)", file=sys.stderr)
+        return 2
     config = ProcessorConfig(
         host=host, port=port, store=args.store, spool_dir=args.spool,
         max_spool_bytes=(args.spool_max_mb << 20 if args.spool_max_mb is not None
                          else ProcessorConfig.max_spool_bytes),
-        token=os.environ.get(args.token_env) or None,
+        token=token, read_token=read_token, insecure=args.insecure,
         window_s=args.window, grace_s=args.grace, max_body_bytes=args.max_body_mb << 20,
         max_skew_s=args.max_skew, max_age_s=args.max_age,
         memory_budget_bytes=args.memory_budget_mb << 20, durability=args.durability,

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import sys
+
+from argus_core.score.limits import DEFAULT_MAX_ANSWER_BYTES, DEFAULT_TIMEOUT_S
 
 
 def register(commands) -> None:
@@ -32,8 +33,14 @@ def register(commands) -> None:
                    help="the processors' --window (default 60)")
     p.add_argument("--rate-window", default="2m", metavar="DURATION",
                    help="window of each rank's steps per second (default 2m)")
-    p.add_argument("--timeout", type=float, default=30.0, metavar="S",
-                   help="per query (default 30)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
+                   help="deadline of each query attempt: connecting, sending and the whole "
+                        f"answer (default {DEFAULT_TIMEOUT_S:g}; retried twice)")
+    p.add_argument("--max-answer-mb", type=int, default=DEFAULT_MAX_ANSWER_BYTES >> 20,
+                   metavar="MiB",
+                   help="longest answer read from Prometheus per query; a longer one fails "
+                        f"its job (default {DEFAULT_MAX_ANSWER_BYTES >> 20}: a peer set of "
+                        "2,000 ranks x 100 kernels is about 170 MB)")
     p.add_argument("--selector", default="", metavar="MATCHERS",
                    help="extra label matchers, e.g. 'cluster=\"eu\"'")
     p.add_argument("--l2-findings", default="all", choices=["all", "beyond-promql"],
@@ -50,20 +57,20 @@ def run(args: argparse.Namespace) -> int:
     index, slash, count = args.shard.partition("/")
     try:
         host, port = host_port(args.listen)
-        for flag, seconds in (("--interval", args.interval), ("--timeout", args.timeout),
-                              ("--window", args.window)):
-            if not math.isfinite(seconds):  # NaN passes every range check
-                raise ValueError(f"{flag} {seconds}: expected a finite number of seconds")
+        if args.max_answer_mb < 1:
+            raise ValueError(f"--max-answer-mb {args.max_answer_mb}: expected a whole number "
+                             f"of MiB >= 1")
         if not slash or not index.isdigit() or not count.isdigit() or int(count) < 1:
             raise ValueError(f"--shard {args.shard!r}: expected I/N, e.g. 0/4")
         config = ScoreConfig(prometheus=args.prometheus, interval_s=args.interval,
                              shard=int(index), shards=int(count), peer_axis=args.peer_axis,
                              window_s=args.window, rate_window=args.rate_window,
                              timeout_s=args.timeout, selector=args.selector,
-                             l2_findings=args.l2_findings)
+                             l2_findings=args.l2_findings,
+                             max_answer_bytes=args.max_answer_mb << 20)
         from argus_core.score.prometheus import PrometheusAPI
 
-        PrometheusAPI(config.prometheus)  # validates the URL
+        PrometheusAPI(config.prometheus, timeout_s=config.timeout_s)  # validates the URL
     except ValueError as exc:
         print(f"argus score: error: {exc}", file=sys.stderr)
         return 2

@@ -27,7 +27,9 @@ class ProcessorConfig:
     store: str = "file:///var/lib/argus/traces"
     spool_dir: str = "/var/lib/argus/spool"
     max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES
-    token: str | None = None
+    token: str | None = None  # bearer token of POST /v1/records
+    read_token: str | None = None  # bearer token of /v1/traces/* (None: reads are open)
+    insecure: bool = False  # allow a non-loopback address without a token
     window_s: float = 60.0
     grace_s: float = 10.0
     # intake
@@ -39,6 +41,8 @@ class ProcessorConfig:
     # memory and durability
     memory_budget_bytes: int = 512 << 20  # everything held, every kind, estimated
     max_pending_windows: int = 64  # closed windows waiting to be written
+    max_windows_per_rank: int = 16  # open at once; beyond, a rank's oldest closes early
+    max_body_windows: int = 1024  # windows one body may open; beyond, it is refused (413)
     chunk_events: int = 65_536  # a window's kernels go to disk and sketch in chunks this big
     chunk_bytes: int = 1 << 20  # ... and its stack samples once they hold this many bytes
     durability: str = "write"
@@ -53,6 +57,7 @@ class ProcessorConfig:
     idle_timeout_s: float = 30.0  # a connection must send complete headers within this
     max_connections: int = 1024
     top_k: int = 32
+    max_metrics_series: int = 300_000  # kernel summary series on /metrics; ranks beyond left out
     retry_after_s: int = 1
 
     def validate(self) -> ProcessorConfig:
@@ -62,9 +67,11 @@ class ProcessorConfig:
                              f"not {self.durability!r}")
         positive = ("window_s", "max_body_bytes", "max_members", "max_skew_s", "max_age_s",
                     "intake_threads", "memory_budget_bytes", "max_pending_windows",
+                    "max_windows_per_rank", "max_body_windows",
                     "chunk_events", "chunk_bytes", "wal_sync_interval_s", "wal_segment_bytes",
                     "wal_max_bytes", "state_ttl_s", "max_ranks", "read_timeout_s",
-                    "idle_timeout_s", "max_connections", "top_k", "max_spool_bytes")
+                    "idle_timeout_s", "max_connections", "top_k", "max_spool_bytes",
+                    "max_metrics_series")
         for name in (*positive, "grace_s"):  # NaN would pass every comparison below
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"{name} must be a finite number, got {getattr(self, name)}")
@@ -73,6 +80,26 @@ class ProcessorConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if not 0 <= self.port <= 65_535:
             raise ValueError(f"port must be from 0 to 65535, got {self.port}")
+        if self.max_windows_per_rank < 2:
+            raise ValueError(f"max_windows_per_rank must be >= 2 (the current window and the "
+                             f"one in its grace period), got {self.max_windows_per_rank}")
         if self.grace_s < 0:
             raise ValueError(f"grace_s must be >= 0, got {self.grace_s}")
+        if not self.token and not self.insecure and not is_loopback(self.host):
+            raise ValueError(f"listening on {self.host or 'every address'} without a token: "
+                             f"anyone who reaches the port could post records; set the token "
+                             f"variable (--token-env, default ARGUS_PROCESSOR_TOKEN) or pass "
+                             f"--insecure")
         return self
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an address or ``localhost``) reaches only this machine."""
+    import ipaddress
+
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name (resolving to who knows what) or every address ("")

@@ -20,6 +20,7 @@ import contextlib
 import logging
 import resource
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import ClientConnectionError, web
@@ -36,6 +37,10 @@ class BodyTimeoutError(Exception):
 
 class BodyTooLargeError(Exception):
     """The request body exceeds the limit."""
+
+
+class BodyOverBudgetError(Exception):
+    """The request body, read so far, does not fit in the memory budget."""
 
 
 class ClientGoneError(Exception):
@@ -126,8 +131,11 @@ def effective_cap(requested: int) -> int:
 
 
 async def read_body(request: web.Request, max_bytes: int, read_timeout_s: float,
-                    guard: ConnectionGuard | None = None) -> bytes:
-    """The whole request body, waiting at most ``read_timeout_s`` for each piece."""
+                    guard: ConnectionGuard | None = None,
+                    charge: Callable[[int], bool] | None = None) -> bytes:
+    """The whole request body, waiting at most ``read_timeout_s`` for each piece.
+    ``charge(size)`` is told the bytes read so far after each piece and answers whether they
+    fit (chunked bodies are charged as they arrive, not after)."""
     length = request.content_length
     if length is not None and length > max_bytes:
         raise BodyTooLargeError(f"body of {length} bytes exceeds the limit of {max_bytes}")
@@ -146,6 +154,9 @@ async def read_body(request: web.Request, max_bytes: int, read_timeout_s: float,
         if size > max_bytes:
             raise BodyTooLargeError(f"body exceeds the limit of {max_bytes} bytes")
         pieces.append(piece)
+        if charge is not None and not charge(size):
+            raise BodyOverBudgetError(f"the memory budget is full ({size} bytes of this body "
+                                      f"read)")
         if guard is not None:
             guard.progress(request.protocol)
     return pieces[0] if len(pieces) == 1 else b"".join(pieces)

@@ -31,12 +31,13 @@ import orjson
 
 from argus_core.processor.config import ProcessorConfig
 from argus_core.processor.ingest import BodyError, ClockBounds, decode_body, parse_body
+from argus_core.processor.memory import WINDOW_BYTES
 from argus_core.processor.wal import BODY, CLOSED, DONE, WalError, WriteAheadLog, body_payload
 from argus_core.processor.wal import fsync_dir as _fsync_dir
 from argus_core.processor.window_output import WindowOutput
-from argus_core.processor.windows import Handover, Window, WindowKey, WindowStore
+from argus_core.processor.windows import Handover, Window, WindowKey, WindowStore, opened_by
 from argus_core.schema import KernelBatch, Record, StackRecord, StepRecord
-from argus_core.summaries import KernelSummary, top_kernels
+from argus_core.summaries import KernelSummary, summary_headers, summary_lines, top_kernels
 
 logger = logging.getLogger("argus_core.processor")
 
@@ -66,7 +67,9 @@ class Processor:
 
         self.config = config.validate()
         self.clock_ns = clock_ns
-        self.windows = WindowStore(config.window_s, config.grace_s, clock_ns=clock_ns)
+        self.windows = WindowStore(config.window_s, config.grace_s, clock_ns=clock_ns,
+                                   max_age_s=config.max_age_s, max_floors=config.max_ranks,
+                                   max_open_per_rank=config.max_windows_per_rank)
         self.uploader = uploader or Uploader(open_store(config.store), Path(config.spool_dir),
                                              config.max_spool_bytes)
         spool = Path(self.uploader.spool_dir)
@@ -96,8 +99,11 @@ class Processor:
         self.write_errors = 0
         self.wal_errors = 0
         self.salvaged_windows = 0
+        self.closed_early = 0  # windows closed to keep a rank within max_windows_per_rank
         self.replayed_bodies = 0
         self.latest: dict[tuple[str, int], tuple[int, KernelSummary]] = {}
+        self.exposed: dict[tuple[str, int], tuple[str, str, int]] = {}  # lines of latest
+        self.metrics_left_out = 0  # ranks the last /metrics left out (max_metrics_series)
         self.summary_bytes = 0
         self.store_problem: str | None = None
         self._store_checked = 0.0
@@ -187,6 +193,16 @@ class Processor:
             self.inflight_bytes += nbytes
             return True
 
+    def charge(self, nbytes: int, own: int) -> bool:
+        """Count ``nbytes`` more of a body being read (``own`` counted for it already);
+        False (nothing counted) when they do not fit and other bodies are held too."""
+        with self._count_lock:
+            if (self.inflight_bytes > own
+                    and self.memory_used() + nbytes > self.config.memory_budget_bytes):
+                return False
+            self.inflight_bytes += nbytes
+            return True
+
     def hold(self, nbytes: int) -> None:
         """Count bytes of a body already read, whether or not they fit."""
         with self._count_lock:
@@ -229,6 +245,9 @@ class Processor:
         with self._lock:
             late: Counter = Counter()
             if result.records:
+                refusal = self._admit(result.records)
+                if refusal is not None:
+                    return refusal
                 segment = None
                 if self.wal is not None:
                     try:
@@ -260,16 +279,43 @@ class Processor:
             return Answer(400, answer, durable)
         return Answer(200, answer, durable)
 
-    def apply(self, records: list[Record], segment: int | None) -> Counter:
-        """File records into windows (under the lock); returns late items by kind."""
-        late: Counter = Counter()
-        for record in records:
-            n = self.windows.add(record, segment)
-            if isinstance(record, KernelBatch):
-                self.kernel_events_in += len(record.name)
-                late["kernels"] += n
-            elif n:
-                late["steps" if isinstance(record, StepRecord) else "stacks"] += n
+    def _admit(self, records: list[Record]) -> Answer | None:
+        """Under the lock: refuse a body whose windows would break a bound (413 when it never
+        can fit, 503 when it can later), before any of it is logged or filed."""
+        per_rank = opened_by(records, self.windows.window_ns, self.windows)
+        opening = sum(per_rank.values())
+        if opening > self.config.max_body_windows:
+            self.count_rejected("windows", len(records))
+            return Answer(413, {"accepted": 0, "rejected": len(records), "error": (
+                f"the records would open {opening} windows; at most "
+                f"{self.config.max_body_windows} per body (--max-body-windows): send records "
+                f"spanning less time per rank in one body")})
+        cap = self.config.max_windows_per_rank  # beyond it, windows close as they go
+        cost = WINDOW_BYTES * sum(min(n, cap) for n in per_rank.values())
+        budget = self.config.memory_budget_bytes
+        if cost > budget:
+            self.count_rejected("memory", len(records))
+            return Answer(413, {"accepted": 0, "rejected": len(records), "error": (
+                f"the records would hold {opening} windows of {len(per_rank)} ranks open "
+                f"(~{cost >> 20} MB), more than the memory budget ({budget >> 20} MB, "
+                f"--memory-budget-mb)")})
+        used = self.memory_used()
+        if opening and used + cost > budget:
+            return Answer(503, {"accepted": 0, "rejected": 0, "error": (
+                f"busy (memory budget: {used >> 20} MB held, {opening} new windows need "
+                f"~{cost >> 20} MB of {budget >> 20} MB); retry later")}, retry=True)
+        return None
+
+    def apply(self, records: list[Record], segment: int | None,
+              log_close: bool = True) -> Counter:
+        """File records into windows (under the lock); returns late items by kind. Windows
+        closed to keep a rank within ``max_windows_per_rank`` go to the writer (``log_close``
+        as in :meth:`finish_later`)."""
+        late = self.windows.add_body(records, segment)
+        self.kernel_events_in += sum(len(r.name) for r in records if isinstance(r, KernelBatch))
+        for handover in self.windows.take_closed_early():
+            self.closed_early += 1
+            self.finish_later(handover, log_close)
         # Partly filled chunks of many windows can add up too: past half the budget,
         # everything held goes to the writer, so 503s always clear.
         crowded = self.memory_used() >= self.config.memory_budget_bytes // 2
@@ -339,6 +385,7 @@ class Processor:
                                          window_start_ns=window.start_ns,
                                          window_ns=window.window_ns,
                                          host=self.windows.host(window.job, window.rank))
+            window.output_bytes = window.output.memory_bytes()
         return window.output
 
     def _absorb(self, handover: Handover) -> None:
@@ -406,9 +453,32 @@ class Processor:
             return  # a late window never replaces a newer one's summaries
         top = _compact(top_kernels(summary, self.config.top_k))
         if previous is not None:
-            self.summary_bytes -= _summary_bytes(previous[1])
+            self.summary_bytes -= _summary_bytes(previous[1]) + self._exposed_bytes(key)
         self.latest[key] = (window.start_ns, top)
-        self.summary_bytes += _summary_bytes(top)
+        self.exposed[key] = (*summary_lines(top, window.job), 3 * len(top))
+        self.summary_bytes += _summary_bytes(top) + self._exposed_bytes(key)
+
+    def _exposed_bytes(self, key: tuple[str, int]) -> int:
+        quantiles, counts, _ = self.exposed.get(key, ("", "", 0))
+        return len(quantiles) + len(counts)
+
+    def summary_exposition(self) -> tuple[str, int]:
+        """The kernel summaries' part of /metrics, ranks in (job, rank) order up to
+        ``max_metrics_series`` series, and how many ranks were left out. Takes no lock."""
+        headers = summary_headers()
+        quantiles, counts = [headers[0]], [headers[1]]
+        series = left_out = 0
+        for key in sorted(list(self.exposed)):
+            entry = self.exposed.get(key)
+            if entry is None:
+                continue
+            if series + entry[2] > self.config.max_metrics_series:
+                left_out += 1
+                continue
+            quantiles.append(entry[0])
+            counts.append(entry[1])
+            series += entry[2]
+        return "".join(quantiles) + "".join(counts), left_out
 
     def _failed(self, window: Window) -> None:
         self.write_errors += 1
@@ -443,7 +513,9 @@ class Processor:
         with self._lock:
             self.windows.expire(self.config.state_ttl_s, self.config.max_ranks)
             for key in [key for key in self.latest if key not in self.windows.ranks]:
-                self.summary_bytes -= _summary_bytes(self.latest.pop(key)[1])
+                self.summary_bytes -= (_summary_bytes(self.latest.pop(key)[1])
+                                       + self._exposed_bytes(key))
+                self.exposed.pop(key, None)
             if self.wal is not None and self.wal.should_roll():
                 self.roll()
         self.retire_segments()

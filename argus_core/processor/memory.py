@@ -15,11 +15,16 @@ from argus_core.schema import RankRecord, StackRecord, StepRecord
 KERNEL_EVENT_BYTES = 28
 """Bytes per kernel event held as columns (int32 name id, int64 stream, start, duration)."""
 WINDOW_BYTES = 192 * 1024
-"""An open window's fixed cost: gzip compressor state, file handle, an empty sketch."""
+"""A window's writer state once the writer has started its file: gzip compressor state and
+an empty sketch."""
+WINDOW_STATE_BYTES = 4096
+"""A window before the writer has started its file: its own objects and symbol table."""
 NAME_BYTES = 160
 """A kernel name in a window's symbol table, besides its characters (str object, dict slot)."""
 RANK_BYTES = 700
 """A (job, rank)'s state: identity record, watermark, closed windows, LRU slot."""
+FLOOR_BYTES = 300
+"""What a forgotten (job, rank) leaves behind: its closed windows, an ordered-dict slot."""
 
 
 def step_bytes(step: StepRecord) -> int:

@@ -16,10 +16,12 @@ from argus_core.summaries import KernelSummary
 class ProcessorCollector:
     """Collector for one processor, its connection guard and its log rate limit."""
 
-    def __init__(self, processor: Processor, guard: Any = None, log_limit: Any = None):
+    def __init__(self, processor: Processor, guard: Any = None, log_limit: Any = None, *,
+                 summaries: bool = True):
         self.processor = processor
         self.guard = guard
         self.log_limit = log_limit
+        self.summaries = summaries  # False: the caller adds Processor.summary_exposition()
 
     def collect(self):
         """Prometheus collector protocol."""
@@ -28,11 +30,13 @@ class ProcessorCollector:
         from argus_core.summaries import summary_families
 
         p = self.processor
-        by_job: dict[str, list[KernelSummary]] = {}
-        for (job, _), (_, summary) in sorted(list(p.latest.items()), key=lambda item: item[0]):
-            by_job.setdefault(job, []).append(summary)
-        yield from summary_families({job: concat_summaries(summaries)
-                                     for job, summaries in by_job.items()})
+        if self.summaries:
+            by_job: dict[str, list[KernelSummary]] = {}
+            for (job, _), (_, summary) in sorted(list(p.latest.items()),
+                                                 key=lambda item: item[0]):
+                by_job.setdefault(job, []).append(summary)
+            yield from summary_families({job: concat_summaries(summaries)
+                                         for job, summaries in by_job.items()})
         info = GaugeMetricFamily("argus_rank_info", "Identity of each rank seen (value 1).",
                                  labels=["job", "rank", "host", "dp", "tp", "pp", "ep"])
         for ident in p.windows.identities():
@@ -78,6 +82,13 @@ class ProcessorCollector:
                     "Memory budget: past it intake answers 503.", p.config.memory_budget_bytes)
         yield gauge("argus_processor_open_windows", "Windows buffering records.",
                     len(p.windows.open))
+        yield counter("argus_processor_windows_closed_early",
+                      "Windows closed before their time to keep a rank within "
+                      "--max-windows-per-rank (their records are written, not lost).",
+                      p.closed_early)
+        yield gauge("argus_processor_metrics_left_out_ranks",
+                    "Ranks whose kernel summaries the last scrape left out "
+                    "(--max-metrics-series).", p.metrics_left_out)
         yield gauge("argus_processor_tracked_ranks", "(job, rank) pairs remembered.",
                     len(p.windows.ranks))
         yield counter("argus_processor_forgotten_ranks",
@@ -135,3 +146,12 @@ class ProcessorCollector:
         if self.log_limit is not None:
             yield counter("argus_processor_suppressed_log_messages",
                           "Log messages held back by the rate limit.", self.log_limit.suppressed)
+
+
+def render_metrics(processor: Processor, registry: Any) -> bytes:
+    """The whole /metrics body: the kernel summaries' pre-rendered lines (bounded by
+    ``max_metrics_series``) and the registry's families (``summaries=False``)."""
+    from prometheus_client import generate_latest
+
+    text, processor.metrics_left_out = processor.summary_exposition()
+    return text.encode() + generate_latest(registry)

@@ -89,5 +89,5 @@ def _replay_body(processor, logged, segment: int) -> int:
            and time.monotonic() < deadline):
         time.sleep(0.01)  # let the writer catch up: replay keeps to the budget too
     with processor._lock:
-        processor.apply(result.records, segment)
+        processor.apply(result.records, segment, log_close=False)
     return len(result.records)

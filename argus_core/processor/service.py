@@ -17,12 +17,14 @@ import contextlib
 import hmac
 import logging
 import signal
+import time
 
 from aiohttp import web
 
 from argus_core.processor import links
-from argus_core.processor.config import ProcessorConfig
+from argus_core.processor.config import ProcessorConfig, is_loopback
 from argus_core.processor.connections import (
+    BodyOverBudgetError,
     BodyTimeoutError,
     BodyTooLargeError,
     ClientGoneError,
@@ -30,7 +32,7 @@ from argus_core.processor.connections import (
     read_body,
 )
 from argus_core.processor.core import WINDOWS_DIR, Processor
-from argus_core.processor.metrics import ProcessorCollector
+from argus_core.processor.metrics import ProcessorCollector, render_metrics
 
 __all__ = ["SERVER_OPTIONS", "WINDOWS_DIR", "Processor", "ProcessorConfig", "build_app",
            "protect", "serve", "server_options"]
@@ -41,6 +43,16 @@ PROCESSOR_KEY = web.AppKey("processor", Processor)
 REGISTRY_KEY = web.AppKey("registry", object)
 GUARD_KEY = web.AppKey("guard", ConnectionGuard)
 TASKS_KEY = web.AppKey("tasks", list)
+RENDERED_KEY = web.AppKey("metrics_rendered", object)
+
+
+class _Rendered:
+    """The last /metrics body, when its rendering began, and the lock of the next one."""
+
+    def __init__(self):
+        self.lock = asyncio.Lock()
+        self.started = -1.0
+        self.body = b""
 
 
 def server_options(config: ProcessorConfig) -> dict:
@@ -62,14 +74,17 @@ def build_app(processor: Processor, log_limit=None) -> web.Application:
     app[PROCESSOR_KEY] = processor
     app[GUARD_KEY] = ConnectionGuard(processor.config.max_connections)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ProcessorCollector(processor, app[GUARD_KEY], log_limit))
+    registry.register(ProcessorCollector(processor, app[GUARD_KEY], log_limit,
+                                         summaries=False))
     ProcessCollector(registry=registry)  # process_resident_memory_bytes and friends
     app[REGISTRY_KEY] = registry
+    app[RENDERED_KEY] = _Rendered()
     app.router.add_post("/v1/records", _records)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/healthz", _healthy)
     app.router.add_get("/readyz", _ready)
-    links.add_routes(app, processor.uploader.store)  # /v1/traces/*: Perfetto one click away
+    links.add_routes(app, processor.uploader.store,  # /v1/traces/*: Perfetto one click away
+                     read_token=processor.config.read_token)
     app.on_startup.append(_start)
     app.on_shutdown.append(_drain)
     return app
@@ -100,10 +115,24 @@ async def _records(request: web.Request) -> web.Response:
     if busy is not None:
         return web.json_response({"error": f"busy ({busy}); retry later"}, status=503,
                                  headers={"Retry-After": str(processor.config.retry_after_s)})
+    def charge(size: int) -> bool:  # bytes beyond what was reserved, as they arrive
+        nonlocal reserved
+        if size > reserved:
+            if not processor.charge(size - reserved, own=reserved):
+                return False
+            reserved = size
+        return True
+
     try:
         try:
             body = await read_body(request, processor.config.max_body_bytes,
-                                   processor.config.read_timeout_s, guard)
+                                   processor.config.read_timeout_s, guard, charge)
+        except BodyOverBudgetError as exc:
+            processor.count_rejected("memory")
+            return await _answer_and_close(request, web.json_response(
+                {"error": f"busy ({exc}); retry later"}, status=503, headers={
+                    "Retry-After": str(processor.config.retry_after_s),
+                    "Connection": "close"}))
         except BodyTooLargeError as exc:
             processor.count_rejected("body")
             return web.json_response({"error": str(exc)}, status=413,
@@ -115,9 +144,6 @@ async def _records(request: web.Request) -> web.Response:
             processor.count_rejected("body")
             return await _answer_and_close(request, web.json_response(
                 {"error": str(exc)}, status=408, headers={"Connection": "close"}))
-        if len(body) > reserved:  # no (or a wrong) Content-Length: count what did arrive
-            processor.hold(len(body) - reserved)
-            reserved = len(body)
         with guard.serving(request.protocol):
             # Decoding and parsing run on an intake thread: the loop keeps serving.
             try:
@@ -155,9 +181,20 @@ async def _healthy(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+    """/metrics, rendered on a thread (never on the event loop: /healthz and intake go on),
+    one rendering at a time; scrapes that arrive during one share its result."""
+    from prometheus_client import CONTENT_TYPE_LATEST
 
-    body = generate_latest(request.app[REGISTRY_KEY])
+    app = request.app
+    rendered = app[RENDERED_KEY]
+    arrived = time.monotonic()
+    async with rendered.lock:
+        if rendered.started < arrived:  # no rendering began after this scrape arrived
+            started = time.monotonic()
+            rendered.body = await asyncio.get_running_loop().run_in_executor(
+                None, render_metrics, app[PROCESSOR_KEY], app[REGISTRY_KEY])
+            rendered.started = started
+        body = rendered.body
     response = web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
     if "gzip" in request.headers.get("Accept-Encoding", ""):
         response.enable_compression()  # Prometheus asks for gzip: kernel labels compress ~10x
@@ -233,6 +270,13 @@ async def _run(config: ProcessorConfig, log_limit) -> None:
     logger.info("argus processor listening on http://%s:%d (store %s, spool %s, "
                 "durability %s)", config.host, config.port, processor.uploader.store.url,
                 processor.uploader.spool_dir, config.durability)
+    if not is_loopback(config.host) and not config.read_token:
+        logger.warning("argus processor: trace files (/v1/traces/*) can be read by anyone who "
+                       "reaches %s:%d; --read-token-env or --protect-reads protects them",
+                       config.host, config.port)
+    if not config.token and not is_loopback(config.host):
+        logger.warning("argus processor: POST /v1/records takes records from anyone who "
+                       "reaches %s:%d without a token (--insecure)", config.host, config.port)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -292,6 +292,22 @@ class FileStore:
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc}") from exc
 
+    def open_stream(self, key: str) -> tuple[BinaryIO, int]:
+        """The file opened for reading, and its size: a caller streams it in chunks instead of
+        holding it whole (the caller closes it). NotFoundError if absent."""
+        path = self._path(key)
+        try:
+            handle = open(path, "rb")  # noqa: SIM115 - returned open, the caller closes it
+        except (FileNotFoundError, IsADirectoryError) as exc:
+            raise NotFoundError(f"no such trace: {key} (in {self.url})") from exc
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc}") from exc
+        try:
+            return handle, os.fstat(handle.fileno()).st_size
+        except OSError as exc:
+            handle.close()
+            raise StoreError(f"cannot read {path}: {exc}") from exc
+
 
 class S3Store:
     """An S3 bucket through boto3; endpoint, credentials and region come from the AWS settings.
@@ -385,6 +401,15 @@ class S3Store:
             return self._client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
         except Exception as exc:
             raise self._fail("read", key, exc) from exc
+
+    def open_stream(self, key: str) -> tuple[BinaryIO, int]:
+        """``get_object``'s streaming body and its length: a caller reads it in chunks instead
+        of holding it whole (and closes it, which frees the connection)."""
+        try:
+            answer = self._client.get_object(Bucket=self.bucket, Key=key)
+        except Exception as exc:
+            raise self._fail("read", key, exc) from exc
+        return answer["Body"], int(answer["ContentLength"])
 
     def presigned_url(self, key: str, expires_s: int) -> str:
         """A URL that GETs ``key`` without credentials for ``expires_s`` seconds (signed here,

@@ -50,7 +50,7 @@ class WindowOutput:
         self.path = directory / f"{uuid.uuid4().hex}{PART_SUFFIX}"
         self._key_path = self.path.with_suffix(".key")
         self._key_path.write_text(key, encoding="utf-8")
-        self._file = open(self.path, "wb")  # noqa: SIM115 - held open across chunks
+        self._file = _AppendingFile(self.path)
         self._gzip = GzipWriter(self._file)
         self.trace = TraceWriter(self._gzip.write, job=job, rank=rank,
                                  window_start_ns=window_start_ns, window_ns=window_ns,
@@ -74,6 +74,7 @@ class WindowOutput:
                                    chunk.dur_ns)
         if stacks or len(chunk):
             self._gzip.sync()
+            self._file.spill()
 
     def memory_bytes(self) -> int:
         """Estimated bytes this window's writer state holds (gzip state, sketch, groups)."""
@@ -92,9 +93,7 @@ class WindowOutput:
         """Write steps, phases and stacks, close the file (fsynced) and summarise the kernels."""
         self.trace.finish(names, steps, stacks)
         self._gzip.close()
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
+        self._file.spill(fsync=True)
         groups = len(self._group_of)
         return summarize_sketch(
             self.sketch, np.full(groups, self.rank, dtype=np.int64),
@@ -104,11 +103,34 @@ class WindowOutput:
 
     def discard(self) -> None:
         """Drop the file (after it has been handed on, or when the window failed)."""
-        with contextlib.suppress(OSError):
-            self._file.close()
+        self._file.pending.clear()
         for path in (self.path, self._key_path):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
+
+
+class _AppendingFile:
+    """A file written in bursts that holds no descriptor in between: what is written
+    collects in memory until :meth:`spill` appends it (open, write, close). Thousands of
+    open windows then need no more file descriptors than one."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.pending: list[bytes] = []
+        path.write_bytes(b"")
+
+    def write(self, data: bytes) -> None:
+        """Collect one piece."""
+        self.pending.append(bytes(data))
+
+    def spill(self, fsync: bool = False) -> None:
+        """Append what was collected to the file (and fsync it)."""
+        with open(self.path, "ab") as out:
+            out.writelines(self.pending)
+            self.pending.clear()
+            if fsync:
+                out.flush()
+                os.fsync(out.fileno())
 
 
 def leftovers(directory: Path) -> Iterator[tuple[str, Path, Path]]:

@@ -14,9 +14,16 @@ already closed are counted as late and dropped. The watermark is the newest reco
 received, but never more than the grace period ahead of the processor's own clock: one record
 stamped in the future (a clock glitch) cannot close the windows the rank is still filling.
 
+A rank's closed windows are those below its ``closed_below`` and those in ``closed_ahead``:
+a window that closes while it is still current or ahead of the processor's clock (a rank gone
+quiet, a record stamped within ``--max-skew`` in the future) closes alone, so one future
+record never makes the rank's present records late.
+
 Per-rank state (identity, watermark, closed windows) is forgotten after ``ttl_s`` without
-records, or least recently seen first beyond ``max_ranks``; the windows a forgotten rank had
-closed stay closed (``floor_index``), so a late record can never reopen a written window.
+records, or least recently seen first beyond ``max_ranks``. What a forgotten rank had closed is
+kept as its own floor (:class:`Floors`), so a late record can never reopen a written window and
+no other rank or job is affected; floors older than ``max_age_s`` (records that old are refused
+at intake) are dropped.
 """
 
 from __future__ import annotations
@@ -30,8 +37,9 @@ from typing import Any
 import numpy as np
 
 from argus_core.processor.memory import (
+    FLOOR_BYTES,
     KERNEL_EVENT_BYTES,
-    WINDOW_BYTES,
+    WINDOW_STATE_BYTES,
     name_bytes,
     rank_bytes,
     stack_bytes,
@@ -100,7 +108,7 @@ class Window:
     touched: float = 0.0  # monotonic time of the last record
     segments: set[int] = field(default_factory=set)  # write-ahead log segments holding records
     output: Any = None  # the writer's state for this window (created by the processor)
-    output_bytes: int = WINDOW_BYTES  # the writer's memory for it (updated by the writer)
+    output_bytes: int = WINDOW_STATE_BYTES  # its memory (updated by the writer)
     failed: bool = False  # writing it failed: later chunks are dropped (and counted)
 
     @property
@@ -128,25 +136,118 @@ class RankState:
     identity: RankRecord | None = None
     watermark: int = _NEVER  # newest record time, at most grace ahead of the clock
     closed_below: int = _NEVER  # windows with a smaller index are closed
+    closed_ahead: set[int] = field(default_factory=set)  # closed ones at or above it
     seen: float = 0.0  # monotonic time of the last record
-    open_windows: int = 0
+    open_index: set[int] = field(default_factory=set)  # indexes of the rank's open windows
     bytes: int = 0  # estimated memory (memory.rank_bytes)
+
+    @property
+    def open_windows(self) -> int:
+        """How many of the rank's windows are open."""
+        return len(self.open_index)
+
+    def closed(self, index: int) -> bool:
+        """Whether the rank's window ``index`` has closed (its records are late)."""
+        return index < self.closed_below or index in self.closed_ahead
+
+    def close(self, index: int, clock_index: int) -> None:
+        """Window ``index`` closed; ``clock_index`` is the window of the processor's clock.
+        A window behind the clock closes everything below it; a current or future one
+        closes alone."""
+        if index < clock_index:
+            self.closed_below = max(self.closed_below, index + 1)
+            self.closed_ahead = {i for i in self.closed_ahead if i >= self.closed_below}
+        else:
+            self.closed_ahead.add(index)
+
+
+class Floors:
+    """What forgotten ranks had closed, per (job, rank), bounded in count and age.
+
+    Beyond ``max_entries`` the oldest rank floors fold into one floor per job, and beyond
+    that the oldest job floors into one floor for everything (the last resort of a flood of
+    more than ``max_entries`` jobs within ``max_age_s``; counted in ``folded``)."""
+
+    def __init__(self, max_entries: int):
+        self.max_entries = max_entries
+        self.ranks: OrderedDict[tuple[str, int], tuple[int, tuple[int, ...]]] = OrderedDict()
+        self.jobs: OrderedDict[str, int] = OrderedDict()
+        self.everything = _NEVER
+        self.folded = 0
+
+    def __len__(self) -> int:
+        return len(self.ranks) + len(self.jobs)
+
+    def forget(self, key: tuple[str, int], state: RankState) -> None:
+        """Keep what a rank being forgotten had closed."""
+        self.ranks[key] = (state.closed_below, tuple(sorted(state.closed_ahead)))
+        self.ranks.move_to_end(key)
+        while len(self.ranks) > self.max_entries:
+            (job, _), (below, ahead) = self.ranks.popitem(last=False)
+            self.jobs[job] = max((self.jobs.get(job, _NEVER), below, *(i + 1 for i in ahead)))
+            self.jobs.move_to_end(job)
+            self.folded += 1
+        while len(self.jobs) > self.max_entries:
+            _, below = self.jobs.popitem(last=False)
+            self.everything = max(self.everything, below)
+            self.folded += 1
+
+    def revive(self, key: tuple[str, int], state: RankState) -> None:
+        """Give a rank seen again (or for the first time) the floors that apply to it."""
+        self.peek(key, state)
+        self.ranks.pop(key, None)
+
+    def peek(self, key: tuple[str, int], state: RankState) -> None:
+        """Set ``state``'s closed windows from the floors of ``key`` (keeping them)."""
+        below, ahead = self.ranks.get(key, (_NEVER, ()))
+        state.closed_below = max(below, self.jobs.get(key[0], _NEVER), self.everything)
+        state.closed_ahead = {i for i in ahead if i >= state.closed_below}
+
+    def prune(self, oldest_index: int) -> None:
+        """Drop floors wholly below window ``oldest_index`` (nothing that old is accepted)."""
+        for key in [k for k, (below, ahead) in self.ranks.items()
+                    if max((below, *(i + 1 for i in ahead))) <= oldest_index]:
+            del self.ranks[key]
+        for job in [j for j, below in self.jobs.items() if below <= oldest_index]:
+            del self.jobs[job]
+
+    def snapshot(self) -> dict:
+        """As plain data (part of :meth:`WindowStore.snapshot`)."""
+        return {"ranks": [[job, rank, below, list(ahead)]
+                          for (job, rank), (below, ahead) in self.ranks.items()],
+                "jobs": [[job, below] for job, below in self.jobs.items()],
+                "everything": self.everything}
+
+    def restore(self, data: dict) -> None:
+        """Merge floors from :meth:`snapshot`."""
+        for job, rank, below, ahead in data.get("ranks", ()):
+            old_below, old_ahead = self.ranks.get((job, rank), (_NEVER, ()))
+            self.ranks[(job, rank)] = (max(old_below, below),
+                                       tuple(sorted({*old_ahead, *ahead})))
+        for job, below in data.get("jobs", ()):
+            self.jobs[job] = max(self.jobs.get(job, _NEVER), below)
+        self.everything = max(self.everything, int(data.get("everything", _NEVER)))
 
 
 class WindowStore:
     """Open windows of every (job, rank), the rules that close them, and per-rank state."""
 
     def __init__(self, window_s: float, grace_s: float, *, max_lifetime_s: float | None = None,
+                 max_age_s: float | None = None, max_floors: int = 65_536,
+                 max_open_per_rank: int = 1 << 30,
                  clock_ns: Callable[[], int] = time.time_ns):
         self.window_ns = int(window_s * 1e9)
         self.grace_ns = int(grace_s * 1e9)
+        self.max_age_ns = None if max_age_s is None else int(max_age_s * 1e9)
+        self.max_open_per_rank = max_open_per_rank
+        self.closed_early: list[Handover] = []  # closed to make room, not yet taken
         self.idle_s = window_s + grace_s
         self.max_lifetime_s = (2 * (window_s + grace_s) if max_lifetime_s is None
                                else max_lifetime_s)
         self.clock_ns = clock_ns
         self.ranks: OrderedDict[tuple[str, int], RankState] = OrderedDict()  # oldest seen first
         self.open: dict[WindowKey, Window] = {}
-        self.floor_index = _NEVER  # windows below it are closed for every forgotten rank
+        self.floors = Floors(max_floors)  # what forgotten ranks had closed
         self.skip: set[WindowKey] = set()  # windows already written (write-ahead log replay)
         self.segment_refs: Counter = Counter()  # log segment -> windows holding its records
         self.buffered_events = 0  # kernel events held in open windows' parts
@@ -162,6 +263,14 @@ class WindowStore:
         state = self.ranks.get((job, rank))
         return state.identity.host if state and state.identity else ""
 
+    def is_closed(self, key: WindowKey) -> bool:
+        """Whether a window has closed (a rank not seen yet: by its floors)."""
+        state = self.ranks.get(key[:2])
+        if state is None:
+            state = RankState()
+            self.floors.peek(key[:2], state)
+        return state.closed(key[2])
+
     def identities(self) -> list[RankRecord]:
         """The identity records of every rank remembered, by (job, rank)."""
         return [s.identity for _, s in sorted(self.ranks.items()) if s.identity is not None]
@@ -170,7 +279,8 @@ class WindowStore:
         key = (job, rank)
         state = self.ranks.get(key)
         if state is None:
-            state = self.ranks[key] = RankState(closed_below=self.floor_index)
+            state = self.ranks[key] = RankState()
+            self.floors.revive(key, state)
             state.bytes = rank_bytes(None)
             self.rank_bytes += state.bytes
         else:
@@ -198,26 +308,62 @@ class WindowStore:
         for key in gone:
             state = self.ranks.pop(key)
             self.rank_bytes -= state.bytes
-            self.floor_index = max(self.floor_index, state.closed_below)
+            self.floors.forget(key, state)
         self.forgotten_ranks += len(gone)
+        if self.max_age_ns is not None:
+            self.floors.prune((self.clock_ns() - self.max_age_ns) // self.window_ns)
         return gone
+
+    def floor_bytes(self) -> int:
+        """Estimated bytes of the forgotten ranks' floors."""
+        return FLOOR_BYTES * len(self.floors)
 
     # -- records in -------------------------------------------------------------------------
     def _window(self, state: RankState, job: str, rank: int, index: int,
                 segment: int | None) -> Window | None:
-        if index < state.closed_below:
+        if state.closed(index):
             return None
         key = (job, rank, index)
         window = self.open.get(key)
         now = time.monotonic()
         if window is None:
+            if len(state.open_index) >= self.max_open_per_rank and not self._make_room(
+                    state, job, rank, index):
+                return None
             window = self.open[key] = Window(job, rank, index, self.window_ns, created=now)
-            state.open_windows += 1
+            state.open_index.add(index)
         window.touched = now
         if segment is not None and segment not in window.segments:
             window.segments.add(segment)
             self.segment_refs[segment] += 1
         return window
+
+    def _make_room(self, state: RankState, job: str, rank: int, index: int) -> bool:
+        """A rank at ``max_open_per_rank`` opens window ``index``: close its oldest open
+        window if that is older (into :attr:`closed_early`, for the writer). False when
+        every open window is newer: the items are late."""
+        oldest = min(state.open_index)
+        if oldest > index:
+            return False
+        self.closed_early.append(self._close((job, rank, oldest)))
+        return True
+
+    def add_body(self, records: list[Record], segment: int | None = None) -> Counter:
+        """Buffer a body's records in window order (so a rank kept within
+        ``max_open_per_rank`` closes only windows the rest of the body no longer needs);
+        returns the items that arrived too late, by kind."""
+        late: Counter = Counter()
+        for record in window_order(records, self.window_ns):
+            n = self.add(record, segment)
+            if n:
+                late["kernels" if isinstance(record, KernelBatch) else
+                     "steps" if isinstance(record, StepRecord) else "stacks"] += n
+        return late
+
+    def take_closed_early(self) -> list[Handover]:
+        """The windows closed to make room since the last call."""
+        closed, self.closed_early = self.closed_early, []
+        return closed
 
     def add(self, record: Record, segment: int | None = None) -> int:
         """Buffer one record (from write-ahead log ``segment``, if any); returns how many of
@@ -333,9 +479,12 @@ class WindowStore:
         if key in self.open:
             return self._close(key)
         job, rank, index = key
-        state = self._rank(job, rank)
-        state.closed_below = max(state.closed_below, index + 1)
+        self._rank(job, rank).close(index, self._clock_index())
         return None
+
+    def _clock_index(self) -> int:
+        """The window index of the processor's clock now."""
+        return self.clock_ns() // self.window_ns
 
     def _close(self, key: WindowKey) -> Handover:
         window = self.open.pop(key)
@@ -344,8 +493,8 @@ class WindowStore:
         state = self.ranks.get((job, rank))
         if state is None:  # forgotten while the window was open cannot happen; be safe
             state = self._rank(job, rank)
-        state.open_windows -= 1
-        state.closed_below = max(state.closed_below, index + 1)
+        state.open_index.discard(index)
+        state.close(index, self._clock_index())
         self.record_bytes -= window.record_bytes
         handover = self._handover(window)
         handover.bytes += window.record_bytes
@@ -365,12 +514,13 @@ class WindowStore:
 
     # -- accounting and persistence ----------------------------------------------------------
     def memory(self) -> dict[str, int]:
-        """Estimated bytes held, by kind (kernels, records, windows, ranks); safe to call
-        without the owner's lock (the copies are atomic under the GIL)."""
+        """Estimated bytes held, by kind (kernels, records, windows, ranks, floors); safe to
+        call without the owner's lock (the copies are atomic under the GIL)."""
         return {"kernels": self.buffered_events * KERNEL_EVENT_BYTES,
                 "records": self.record_bytes,
                 "windows": sum(w.output_bytes for w in list(self.open.values())),
-                "ranks": self.rank_bytes}
+                "ranks": self.rank_bytes,
+                "floors": self.floor_bytes()}
 
     def snapshot(self) -> dict:
         """Per-rank state as plain data (the write-ahead log starts each segment with it)."""
@@ -379,17 +529,68 @@ class WindowStore:
             ident = state.identity
             ranks.append([job, rank, state.watermark, state.closed_below,
                           None if ident is None else [ident.world_size, ident.host,
-                                                      ident.local_rank, list(ident.coords)]])
-        return {"floor_index": self.floor_index, "ranks": ranks}
+                                                      ident.local_rank, list(ident.coords)],
+                          sorted(state.closed_ahead)])
+        return {"floors": self.floors.snapshot(), "ranks": ranks}
 
     def restore(self, snapshot: dict) -> None:
         """Per-rank state from :meth:`snapshot` (before replaying the log)."""
-        self.floor_index = max(self.floor_index, int(snapshot.get("floor_index", _NEVER)))
-        for job, rank, watermark, closed_below, ident in snapshot.get("ranks", ()):
+        self.floors.restore(snapshot.get("floors", {}))
+        if "floor_index" in snapshot:  # a log written before floors were kept per rank
+            self.floors.everything = max(self.floors.everything, int(snapshot["floor_index"]))
+        for job, rank, watermark, closed_below, ident, *rest in snapshot.get("ranks", ()):
             state = self._rank(job, rank)
             state.watermark = max(state.watermark, watermark)
             state.closed_below = max(state.closed_below, closed_below)
+            state.closed_ahead |= {i for i in (rest[0] if rest else ())
+                                   if i >= state.closed_below}
             if ident is not None:
                 world_size, host, local_rank, coords = ident
                 self._identify(state, RankRecord(job, rank, world_size, host, local_rank,
                                                  tuple(coords)))
+
+
+def window_order(records: list[Record], window_ns: int) -> list[Record]:
+    """The records sorted by the window they go to (stable: a window's records keep their
+    order); identities first, and a kernel batch that straddles windows split into one batch
+    per window."""
+    keyed: list[tuple[int, Record]] = []
+    for record in records:
+        if isinstance(record, RankRecord):
+            keyed.append((_NEVER, record))
+        elif isinstance(record, KernelBatch):
+            if not len(record.start_ns):
+                continue
+            index = record.start_ns // window_ns
+            first, last = int(index.min()), int(index.max())
+            if first == last:
+                keyed.append((first, record))
+                continue
+            order = np.argsort(index, kind="stable")
+            wins, starts = np.unique(index[order], return_index=True)
+            for win, sel in zip(wins.tolist(), np.split(order, starts[1:]), strict=True):
+                keyed.append((win, KernelBatch(record.job, record.rank, record.names,
+                                               record.name[sel], record.stream[sel],
+                                               record.start_ns[sel], record.dur_ns[sel])))
+        else:
+            keyed.append((record.t_ns // window_ns, record))
+    keyed.sort(key=lambda item: item[0])
+    return [record for _, record in keyed]
+
+
+def opened_by(records: list[Record], window_ns: int, store: WindowStore) -> Counter:
+    """How many windows ``records`` would open per (job, rank) that are not open (nor
+    closed) now."""
+    new: set[WindowKey] = set()
+    for record in records:
+        if isinstance(record, KernelBatch):
+            if not len(record.start_ns):
+                continue
+            first = int(record.start_ns.min()) // window_ns
+            last = int(record.start_ns.max()) // window_ns
+            indexes = (range(first, last + 1) if last - first < 4
+                       else np.unique(record.start_ns // window_ns).tolist())
+            new.update((record.job, record.rank, i) for i in indexes)
+        elif isinstance(record, StepRecord | StackRecord):
+            new.add((record.job, record.rank, record.t_ns // window_ns))
+    return Counter(key[:2] for key in new if key not in store.open and not store.is_closed(key))

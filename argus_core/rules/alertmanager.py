@@ -1,19 +1,39 @@
 """The Alertmanager example: routes by ``level`` and ``severity``, one group per training job,
-inhibition so that one incident pages once, webhook receivers.
+inhibition that cannot hide an incident, webhook receivers.
 
-Inhibition (argued in the README's runbook): a rank-level cause (ArgusStragglerRank,
-ArgusLinkDegraded, ArgusKernelStraggler, ArgusHostStall) for a job silences that job's
-iteration-time symptoms (ArgusIterationSpike, ArgusIterationRegression): the cause says what
-the symptom says and also where to look. A regression silences the job's spikes: while the
-pace shifts, "one slow step" is the same news.
+Inhibition (argued in the README's runbook) hides a target only where its source explains it
+by construction (``INHIBITIONS``), and each rule is built so that it cannot hide an incident:
+
+- the target is a ticket (``severity="warning"``), never a page. The page a symptom raises
+  (ArgusIterationRegression) names only its job, so no label can show that a rank-level cause
+  explains it: a second slowdown of the job would be hidden with the first. Grouping by job
+  already brings a cause and its symptom in one notification.
+- the source is at least as severe as the target, so a ticket never hides a page.
+- ``equal`` holds every label that places the target (``LOCATION``), and each of them must be
+  non-empty on both sides: Alertmanager takes a missing label for an empty one, so two alerts
+  without a ``job`` would otherwise inhibit each other.
+
+What no rule can prevent: Alertmanager lets a silenced alert inhibit as if it were not
+silenced. A silence can therefore hide the tickets its alert inhibits, never a page.
 """
 
 from __future__ import annotations
 
-from argus_core.rules.alerts import L1_SYMPTOMS, RANK_CAUSES
+from argus_core.rules.alerts import LOCATION, alert_groups
 from argus_core.rules.config import RulesConfig, format_duration
 
 RECEIVERS = ("argus-default", "argus-page", "argus-ticket", "argus-pipeline")
+SEVERITIES = ("warning", "critical")  # least severe first
+PAGE = "critical"
+
+# (sources, target): the sources explain the target whenever both fire for the same place.
+INHIBITIONS = (
+    # While the job's pace has shifted, one slow step is the same news; the regression pages.
+    (("ArgusIterationRegression",), "ArgusIterationSpike"),
+    # A host stall fires only while its job shows a spike, and explains at least
+    # `attribution_share` of it: the spike's cause, with the rank named.
+    (("ArgusHostStall",), "ArgusIterationSpike"),
+)
 
 
 def alertmanager_config(config: RulesConfig) -> dict:
@@ -22,6 +42,8 @@ def alertmanager_config(config: RulesConfig) -> dict:
         return {"name": name, "webhook_configs": [{"url": config.webhook_url,
                                                    "send_resolved": True}]}
 
+    severity = {rule["alert"]: rule["labels"]["severity"]
+                for group in alert_groups(config) for rule in group["rules"]}
     return {
         "route": {
             "receiver": "argus-default",
@@ -32,17 +54,35 @@ def alertmanager_config(config: RulesConfig) -> dict:
             "routes": [
                 {"receiver": "argus-pipeline", "matchers": ['level="pipeline"'],
                  "group_by": ["alertname", "instance"]},
-                {"receiver": "argus-page", "matchers": ['severity="critical"']},
+                {"receiver": "argus-page", "matchers": [f'severity="{PAGE}"']},
                 {"receiver": "argus-ticket", "matchers": ['severity="warning"']},
             ],
         },
-        "inhibit_rules": [
-            {"source_matchers": [f'alertname=~"{"|".join(RANK_CAUSES)}"'],
-             "target_matchers": [f'alertname=~"{"|".join(L1_SYMPTOMS)}"'],
-             "equal": ["job"]},
-            {"source_matchers": ['alertname="ArgusIterationRegression"'],
-             "target_matchers": ['alertname="ArgusIterationSpike"'],
-             "equal": ["job"]},
-        ],
+        "inhibit_rules": [inhibit_rule(sources, target, severity)
+                          for sources, target in INHIBITIONS],
         "receivers": [webhook(name) for name in RECEIVERS],
     }
+
+
+def inhibit_rule(sources: tuple[str, ...], target: str, severity: dict[str, str]) -> dict:
+    """One inhibit rule: ``sources`` (at least as severe as ``target``) hide ``target`` where
+    every label that places ``target`` is equal and non-empty; ``severity`` maps each alert
+    name to its severity. Raises ValueError for a rule that could hide a page, or whose
+    sources do not name every label that places the target."""
+    level = severity[target]
+    if level == PAGE:
+        raise ValueError(f"{target} pages: a page is never inhibited")
+    place = LOCATION[target]
+    for source in sources:
+        if SEVERITIES.index(severity[source]) < SEVERITIES.index(level):
+            raise ValueError(f"{source} ({severity[source]}) cannot hide {target} ({level})")
+        if not set(place) <= set(LOCATION[source]):
+            raise ValueError(f"{source} does not name every label of {target}: {place}")
+    present = [f'{label}!=""' for label in place]
+    at_least = "|".join(SEVERITIES[SEVERITIES.index(level):])
+    names = (f'alertname="{sources[0]}"' if len(sources) == 1
+             else f'alertname=~"{"|".join(sources)}"')
+    return {"source_matchers": [names,
+                                f'severity=~"{at_least}"', *present],
+            "target_matchers": [f'alertname="{target}"', f'severity="{level}"', *present],
+            "equal": list(place)}

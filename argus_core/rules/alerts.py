@@ -17,6 +17,16 @@ L1_SYMPTOMS = ("ArgusIterationSpike", "ArgusIterationRegression")
 RANK_CAUSES = ("ArgusStragglerRank", "ArgusLinkDegraded", "ArgusKernelStraggler",
                "ArgusHostStall")
 FAIL_SLOW = (*L1_SYMPTOMS, *RANK_CAUSES)
+# The labels that place each fail-slow alert (besides host and coordinates, which follow from
+# job and rank): inhibition compares these (argus_core.rules.alertmanager).
+LOCATION = {
+    "ArgusIterationSpike": ("job",),
+    "ArgusIterationRegression": ("job",),
+    "ArgusHostStall": ("job", "rank"),
+    "ArgusStragglerRank": ("job", "rank", "phase", "axis"),
+    "ArgusLinkDegraded": ("job", "rank", "phase", "axis"),
+    "ArgusKernelStraggler": ("job", "rank", "kernel", "stream"),
+}
 
 
 def alert_groups(config: RulesConfig) -> list[dict]:
@@ -207,6 +217,21 @@ def pipeline_alerts(config: RulesConfig) -> list[dict]:
                "An Argus processor rejects records.",
                "The processor at {{ $labels.instance }} rejects "
                "{{ $value | humanizePercentage }} of the records it receives."),
+        _alert(config, "ArgusProcessorDroppingLate",
+               "(\n"
+               '  instance:argus_processor_late:rate{kind="kernels"}\n'
+               "  / ignoring (kind) group_left instance:argus_processor_kernel_events:rate\n"
+               "or\n"
+               '  instance:argus_processor_late:rate{kind!="kernels"}\n'
+               "  / ignoring (kind) group_left instance:argus_processor_records:rate\n"
+               f") > {config.processor_late_ratio}",
+               config.for_pipeline, "warning", "pipeline",
+               "An Argus processor drops records that arrived late.",
+               "The processor at {{ $labels.instance }} dropped "
+               "{{ $value | humanizePercentage }} of its {{ $labels.kind }} (of its kernel "
+               "events for kernels, of its records for steps and stacks) after accepting "
+               "them: their window had already closed. They are missing from the Perfetto "
+               "traces (and kernels from the L3 summaries)."),
         _alert(config, "ArgusProcessorUploadFailing",
                "instance:argus_processor_upload_failures:rate > 0", config.for_pipeline,
                "warning", "pipeline", "An Argus processor cannot upload traces.",

@@ -144,6 +144,10 @@ class RulesConfig:
                             "ranks on", _L2.min_pool)
     processor_reject_ratio: float = _doc("share of records the processor may reject before "
                                          "ArgusProcessorRejectingRecords", 0.01)
+    processor_late_ratio: float = _doc("share of kernel events (kind kernels) or of records "
+                                       "(steps, stacks) a processor may drop for arriving "
+                                       "after their window closed before "
+                                       "ArgusProcessorDroppingLate", 0.01)
 
     # -- for durations ----------------------------------------------------------------------
     for_spike: float = _duration("ArgusIterationSpike", 30)
@@ -155,8 +159,8 @@ class RulesConfig:
     for_exporter_down: float = _duration("ArgusExporterDown", 300)
     for_component_down: float = _duration("ArgusProcessorDown, ArgusScorerStale and "
                                           "ArgusVectorScrapeFailing", 120)
-    for_pipeline: float = _duration("exporter drops, processor rejections and upload failures",
-                                    600)
+    for_pipeline: float = _duration("exporter drops, processor rejections, late drops and "
+                                    "upload failures", 600)
 
     # -- Alertmanager example -----------------------------------------------------------------
     group_wait: float = _duration("Alertmanager group_wait", 30)

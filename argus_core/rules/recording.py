@@ -357,7 +357,8 @@ def _sum(by: str, *parts: tuple[str, str]) -> str:
 
 
 def pipeline_group(config: RulesConfig) -> dict:
-    """Exporter drops and queues, processor intake and uploads, scorer freshness."""
+    """Exporter drops and queues, processor intake (records, kernel events, late drops) and
+    uploads, scorer freshness."""
     sel = config.selectors
     window = format_duration(max(config.rate_window, 4 * config.scrape_interval))
     return _group("argus.pipeline", config.slow_interval, [
@@ -374,6 +375,12 @@ def pipeline_group(config: RulesConfig) -> dict:
         _record("instance:argus_processor_records:rate",
                 "sum by (instance) (rate("
                 f"{select('argus_processor_records_total', sel.processor)}[{window}]))"),
+        _record("instance:argus_processor_kernel_events:rate",
+                "sum by (instance) (rate("
+                f"{select('argus_processor_kernel_events_total', sel.processor)}[{window}]))"),
+        _record("instance:argus_processor_late:rate",
+                "sum by (instance, kind) (rate("
+                f"{select('argus_processor_late_total', sel.processor)}[{window}]))"),
         _record("instance:argus_processor_rejected_records:rate",
                 "sum by (instance, reason) (rate("
                 f"{select('argus_processor_rejected_records_total', sel.processor)}"

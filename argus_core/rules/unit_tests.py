@@ -669,7 +669,8 @@ def down_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
 
 
 def pipeline_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
-    """Exporter down or dropping, processor down, rejecting or failing uploads, scorer stale."""
+    """Exporter down or dropping, processor down, rejecting, dropping late records or failing
+    uploads, scorer stale."""
     sel = config.selectors
     tests = []
     tests += down_tests(config, groups)
@@ -692,6 +693,12 @@ def pipeline_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
         Series("argus_processor_rejected_records_total", {**processor, "reason": "field"},
                counter(2.0)),
         Series("argus_processor_upload_failures_total", processor, counter(0.5)),
+        # Late drops: 2% of the kernel events and of the records (steps) fire, 0.5% (stacks)
+        # stays under processor_late_ratio.
+        Series("argus_processor_kernel_events_total", processor, counter(100.0)),
+        Series("argus_processor_late_total", {**processor, "kind": "kernels"}, counter(2.0)),
+        Series("argus_processor_late_total", {**processor, "kind": "steps"}, counter(1.96)),
+        Series("argus_processor_late_total", {**processor, "kind": "stacks"}, counter(0.49)),
     ]
     expected = {
         "ArgusExporterDroppingRecords": ({"job": "train", "reason": "queue_full"},
@@ -709,8 +716,14 @@ def pipeline_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
         rule = _rule(groups, name)
         alerts += _fires(config, name, start, config.for_pipeline, [
             _expect(_alert_labels(config, rule, **labels), _annotations(rule, **values))])
-    tests.append(_test(config, "Pipeline: drops, rejections and upload failures", series,
-                       alerts=alerts))
+    rule = _rule(groups, "ArgusProcessorDroppingLate")
+    alerts += _fires(config, "ArgusProcessorDroppingLate", start, config.for_pipeline, [
+        _expect(_alert_labels(config, rule, instance="node-0:9700", kind=kind),
+                _annotations(rule, **{"$labels.instance": "node-0:9700", "$labels.kind": kind,
+                                      "$value | humanizePercentage": "2%"}))
+        for kind in ("kernels", "steps")])
+    tests.append(_test(config, "Pipeline: drops, rejections, late drops and upload failures",
+                       series, alerts=alerts))
 
     rule = _rule(groups, "ArgusScorerStale")
     last = 4

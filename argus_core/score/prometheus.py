@@ -1,18 +1,36 @@
-"""A small client for Prometheus's HTTP query API: instant queries, bounded in time, retried
-with backoff, every failure raised as ``QueryError`` naming the query and the cause."""
+"""A small client for Prometheus's HTTP query API: instant queries, each attempt bounded in
+time and in size, retried with backoff, every failure raised as ``QueryError`` naming the
+query and the cause, with a ``reason`` (the label the scorer counts it under).
+
+Bounded whatever the server does:
+
+- ``timeout_s`` is the deadline of a whole attempt (connect, send, the whole answer), enforced
+  by a timer that shuts the socket down: an answer trickled a byte a second ends there.
+- At most ``max_answer_bytes`` of an answer are read: a longer one (by its Content-Length, or
+  by what arrives) is refused with an error naming the bound, and not fetched again.
+- ``close`` ends the attempt in flight at once and refuses every later query (shutting down).
+
+Answers are checked before use: a successful vector whose ``result`` is a list of series, each
+``{"metric": {<name>: <text>, ...}, "value": [<time>, "<number>"]}``; anything else is
+``BAD_ANSWER`` and not fetched again. NaN and +-Inf samples are left out (the series reads as
+not reported) and counted in ``nonfinite_samples``.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
-import time
-import urllib.error
+import math
+import socket
+import threading
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from typing import TypeVar
 
+import numpy as np
 import orjson
 
+from argus_core.score.limits import DEFAULT_MAX_ANSWER_BYTES, DEFAULT_TIMEOUT_S
 from argus_core.score.vector_columns import (
     DecodeError,
     VectorColumns,
@@ -22,9 +40,28 @@ from argus_core.score.vector_columns import (
 
 T = TypeVar("T")
 
+ERROR_TEXT_BYTES = 4096  # of a refusal's answer, read for its message
+
+# Why a query failed: the ``reason`` of QueryError.
+UNREACHABLE = "unreachable"  # no connection, or the connection ended before the answer did
+HTTP_STATUS = "http_status"  # Prometheus refused the query (4xx, 5xx)
+DEADLINE = "deadline"  # no whole answer within timeout_s
+TOO_LARGE = "too_large"  # the answer is longer than max_answer_bytes
+BAD_ANSWER = "bad_answer"  # not a successful vector answer of well-formed series
+BAD_LABELS = "bad_labels"  # a label that must be an integer (a rank) is not
+STOPPED = "stopped"  # the client was closed (shutting down)
+QUERY_REASONS = (UNREACHABLE, HTTP_STATUS, DEADLINE, TOO_LARGE, BAD_ANSWER, BAD_LABELS,
+                 STOPPED)
+RETRIED = frozenset({UNREACHABLE, HTTP_STATUS, DEADLINE})  # may answer otherwise next time
+
 
 class QueryError(RuntimeError):
-    """Prometheus could not answer a query (down, slow, or it refused the query)."""
+    """Prometheus could not answer a query (down, slow, refused it, or answered what the
+    scorer cannot read); ``reason`` is one of ``QUERY_REASONS``."""
+
+    def __init__(self, message: str, reason: str = UNREACHABLE):
+        super().__init__(message)
+        self.reason = reason
 
 
 def quote_label(value: str) -> str:
@@ -32,35 +69,62 @@ def quote_label(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
+def size_text(n: int) -> str:
+    """``n`` bytes as a person reads a bound: whole MiB where it is one, else bytes."""
+    return f"{n >> 20} MiB" if n and n % (1 << 20) == 0 else f"{n} bytes"
+
+
 class PrometheusAPI:
     """Instant queries against ``url`` (``http://host:9090``, a path prefix is kept)."""
 
-    def __init__(self, url: str, timeout_s: float = 30.0, attempts: int = 3,
-                 backoff_s: float = 0.25, sleep: Callable[[float], None] = time.sleep):
+    def __init__(self, url: str, timeout_s: float = DEFAULT_TIMEOUT_S, attempts: int = 3,
+                 backoff_s: float = 0.25, sleep: Callable[[float], object] | None = None,
+                 max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES):
         parsed = urllib.parse.urlparse(url)
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ValueError(f"--prometheus {url!r}: expected http(s)://host:port")
+        try:
+            port = parsed.port
+        except ValueError:
+            raise ValueError(f"--prometheus {url!r}: the port is not a number") from None
+        if not (math.isfinite(timeout_s) and timeout_s > 0):
+            raise ValueError(f"--timeout {timeout_s}: expected a finite number of seconds > 0")
+        if max_answer_bytes < 1:
+            raise ValueError(f"max_answer_bytes {max_answer_bytes}: expected > 0")
         self.url = url.rstrip("/")
+        self._https = parsed.scheme == "https"
+        self._host = parsed.hostname
+        self._port = port
+        self._path = parsed.path.rstrip("/") + "/api/v1/query"
         self.timeout_s = timeout_s
         self.attempts = attempts
         self.backoff_s = backoff_s
-        self.sleep = sleep
+        self.max_answer_bytes = max_answer_bytes
+        self._closing = threading.Event()
+        self.sleep = sleep or self._closing.wait  # a wait that closing ends
+        self._in_flight: socket.socket | None = None  # the socket of the attempt under way
         self.failures = 0  # failed attempts, retried or not
         self.series_fetched = 0
         self.decode_fallbacks = 0  # answers read as plain JSON: not in the columnar layout
+        self.nonfinite_samples = 0  # NaN and +-Inf samples left out
 
     def query(self, expr: str) -> list[dict]:
-        """The ``result`` list of an instant query (vector results), retried with backoff."""
+        """The ``result`` list of an instant query (vector results), retried with backoff;
+        series whose sample is not a finite number are left out (counted)."""
         result = self._retried(expr, lambda data: _result(expr, data))
-        self.series_fetched += len(result)
-        return result
+        kept = [series for series in result if math.isfinite(float(series["value"][1]))]
+        self.nonfinite_samples += len(result) - len(kept)
+        self.series_fetched += len(kept)
+        return kept
 
     def query_columns(self, expr: str, ints: tuple[str, ...] = (),
-                      texts: tuple[str, ...] = ()) -> VectorColumns:
+                      texts: tuple[str, ...] = (), finite_only: bool = True) -> VectorColumns:
         """The given labels (``ints`` as integers) and the sample values of every series of
         an instant query, decoded without a dict per series where the answer has
         Prometheus's layout; any other answer is read as JSON and counted in
-        ``decode_fallbacks``. A label in ``ints`` that is not an integer: QueryError."""
+        ``decode_fallbacks``. Series whose sample is not finite are left out (counted), or
+        with ``finite_only=False`` kept for the caller to leave out and count. A label in
+        ``ints`` that is not an integer: QueryError (``BAD_LABELS``)."""
         fell_back = False
 
         def read(data: bytes) -> VectorColumns:
@@ -71,42 +135,123 @@ class PrometheusAPI:
         try:
             columns = self._retried(expr, read)
         except DecodeError as exc:  # the answer holds what the scorer cannot read: no retry
-            raise QueryError(f"{expr!r}: {exc}") from None
+            raise QueryError(f"{expr!r}: {exc}", BAD_LABELS) from None
         self.decode_fallbacks += fell_back
+        finite = np.isfinite(columns.values)
+        if finite_only and not finite.all():
+            self.nonfinite_samples += int(len(finite) - finite.sum())
+            columns = columns.take(np.flatnonzero(finite))
         self.series_fetched += len(columns)
         return columns
 
+    def close(self) -> None:
+        """End the attempt in flight now and refuse every later query (shutting down); safe
+        from any thread."""
+        self._closing.set()
+        sock = self._in_flight
+        if sock is not None:
+            _shut(sock)
+
     def _retried(self, expr: str, read: Callable[[bytes], T]) -> T:
-        """``read`` of the answer's bytes, fetching again with backoff when the fetch or the
-        read fails with QueryError."""
+        """``read`` of the answer's bytes, fetching again with backoff when the fetch fails
+        in a way that may not last (``RETRIED``)."""
         delay = self.backoff_s
         for attempt in range(self.attempts):
             try:
                 return read(self._fetch(expr))
-            except QueryError:
+            except QueryError as exc:
                 self.failures += 1
-                if attempt == self.attempts - 1:
+                if (exc.reason not in RETRIED or attempt == self.attempts - 1
+                        or self._closing.is_set()):
                     raise
                 self.sleep(delay)
                 delay *= 2
         raise AssertionError("unreachable")
 
     def _fetch(self, expr: str) -> bytes:
+        """One attempt: the answer's bytes, all within ``timeout_s`` and
+        ``max_answer_bytes``."""
+        stopping = QueryError(f"{expr!r}: the scorer is stopping", STOPPED)
+        if self._closing.is_set():
+            raise stopping
         body = urllib.parse.urlencode({"query": expr, "timeout": f"{self.timeout_s:g}s"})
-        request = urllib.request.Request(
-            f"{self.url}/api/v1/query", data=body.encode(),
-            headers={"Content-Type": "application/x-www-form-urlencoded",
-                     "Accept-Encoding": "identity"})
+        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        conn = cls(self._host, self._port, timeout=self.timeout_s)
+        expired = threading.Event()
+        sockets: list[socket.socket] = []  # the connection drops its own on Connection: close
+
+        def expire() -> None:
+            expired.set()
+            for sock in sockets:
+                _shut(sock)
+
+        timer = threading.Timer(self.timeout_s, expire)
+        timer.daemon = True
+        timer.start()
+        response = None
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                data = response.read()
-        except urllib.error.HTTPError as exc:
-            detail = _error_text(exc.read())
-            raise QueryError(f"{expr!r}: HTTP {exc.code}: {detail}") from None
-        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise QueryError(f"{expr!r}: {reason}") from None
+            conn.connect()
+            sockets.append(conn.sock)
+            self._in_flight = conn.sock
+            if expired.is_set() or self._closing.is_set():  # during the connect
+                _shut(conn.sock)
+            conn.request("POST", self._path, body=body.encode(), headers={
+                "Content-Type": "application/x-www-form-urlencoded",
+                "Accept-Encoding": "identity"})
+            response = conn.getresponse()
+            ok = 200 <= response.status < 300
+            data = self._read(expr, response, self.max_answer_bytes if ok
+                              else ERROR_TEXT_BYTES, refuse_longer=ok)
+            short = ok and bool(response.length)  # bytes announced, never sent
+        except (OSError, http.client.HTTPException) as exc:
+            if expired.is_set():
+                raise self._late(expr) from None
+            if self._closing.is_set():
+                raise stopping from None
+            raise QueryError(f"{expr!r}: {str(exc) or type(exc).__name__}", UNREACHABLE) from None
+        finally:
+            timer.cancel()
+            self._in_flight = None
+            if response is not None:
+                response.close()
+            conn.close()
+        if expired.is_set():  # the read ended early, at the shutdown
+            raise self._late(expr)
+        if self._closing.is_set():
+            raise stopping
+        if short:
+            raise QueryError(f"{expr!r}: the answer ended {response.length} bytes short of "
+                             f"its Content-Length", UNREACHABLE)
+        if not ok:
+            raise QueryError(f"{expr!r}: HTTP {response.status}: {_error_text(data)}",
+                             HTTP_STATUS)
         return data
+
+    def _late(self, expr: str) -> QueryError:
+        return QueryError(f"{expr!r}: no whole answer within --timeout {self.timeout_s:g} s "
+                          f"(the deadline of connecting, sending and the whole answer)",
+                          DEADLINE)
+
+    def _read(self, expr: str, response: http.client.HTTPResponse, limit: int,
+              refuse_longer: bool) -> bytes:
+        """At most ``limit`` bytes of the answer; with ``refuse_longer``, a longer answer is
+        QueryError (``TOO_LARGE``), refused by its Content-Length before any is read."""
+        bound = f"the scorer's bound of {size_text(limit)} per answer (--max-answer-mb)"
+        announced = response.length  # None without a Content-Length (chunked, or to close)
+        if refuse_longer and announced is not None and announced > limit:
+            raise QueryError(f"{expr!r}: the answer is {announced} bytes, over {bound}",
+                             TOO_LARGE)
+        data = response.read(limit + 1 if refuse_longer else limit)
+        if len(data) > limit:
+            raise QueryError(f"{expr!r}: the answer is longer than {bound}", TOO_LARGE)
+        return data
+
+
+def _shut(sock: socket.socket) -> None:
+    """Shut a socket down (never close it: the fetching thread may be reading it), so that a
+    read or write blocked on it returns."""
+    with contextlib.suppress(OSError):  # already closed
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 def read_columns(expr: str, data: bytes, ints: tuple[str, ...] = (),
@@ -121,17 +266,49 @@ def read_columns(expr: str, data: bytes, ints: tuple[str, ...] = (),
 
 
 def _result(expr: str, data: bytes) -> list[dict]:
-    """The ``result`` list of a vector answer; QueryError if it is anything else."""
+    """The ``result`` list of a vector answer, every series checked (a dict of text labels
+    and a ``[time, "number"]`` value); QueryError (``BAD_ANSWER``) if it is anything else,
+    or Prometheus's own refusal of the query."""
     try:
         document = orjson.loads(data)
     except orjson.JSONDecodeError:
-        raise QueryError(f"{expr!r}: the answer is not JSON") from None
+        raise QueryError(f"{expr!r}: the answer is not JSON", BAD_ANSWER) from None
+    if not isinstance(document, dict):
+        raise QueryError(f"{expr!r}: the answer is a JSON {type(document).__name__}, not an "
+                         f"object", BAD_ANSWER)
     if document.get("status") != "success":
-        raise QueryError(f"{expr!r}: {document.get('error', 'query failed')}")
-    payload = document.get("data", {})
-    if payload.get("resultType") != "vector":
-        raise QueryError(f"{expr!r}: expected a vector, got {payload.get('resultType')}")
-    return payload["result"]
+        raise QueryError(f"{expr!r}: {str(document.get('error', 'query failed'))[:300]}",
+                         BAD_ANSWER)
+    payload = document.get("data")
+    kind = payload.get("resultType") if isinstance(payload, dict) else None
+    if kind != "vector":
+        raise QueryError(f"{expr!r}: expected a vector, got {str(kind)[:40]}", BAD_ANSWER)
+    result = payload.get("result")
+    if not isinstance(result, list):
+        raise QueryError(f"{expr!r}: the result is a JSON {type(result).__name__}, not a "
+                         f"list", BAD_ANSWER)
+    for i, series in enumerate(result):
+        if not _well_formed(series):
+            raise QueryError(f"{expr!r}: series {i} is not {{\"metric\": {{<labels>}}, "
+                             f"\"value\": [<time>, \"<number>\"]}}", BAD_ANSWER)
+    return result
+
+
+def _well_formed(series: object) -> bool:
+    """Whether a series is ``{"metric": {<name>: <text>}, "value": [<time>, "<number>"]}``
+    (its number read by ``float``: NaN and +-Inf too)."""
+    if not isinstance(series, dict):
+        return False
+    metric, value = series.get("metric"), series.get("value")
+    if not isinstance(metric, dict) or not all(isinstance(v, str) for v in metric.values()):
+        return False
+    if not isinstance(value, list) or len(value) != 2 or not isinstance(value[1], str):
+        return False
+    try:
+        float(value[1])
+    except ValueError:
+        return False
+    return True
 
 
 def _error_text(data: bytes) -> str:

@@ -15,17 +15,26 @@ rules rename for the dashboards: ``argus_l2_group_median_seconds`` and
 ``argus_l2_log_ratio_scale{job,axis,phase}``, ``argus_l2_z_family{job}`` and
 ``argus_scorer_l2_tests{job}``.
 
-Nothing stale, nothing guessed: a job whose queries fail this round is published with nothing
-(its old results are dropped), a rank without summaries gets no score and is counted in
-``argus_scorer_unscored_ranks``, and a failed round leaves only the scorer's own health:
-``argus_scorer_last_success_timestamp_seconds`` (what ArgusScorerStale watches), round
+Nothing stale, nothing guessed: a job whose round fails in any way (a query down, past its
+deadline or over its size bound, an answer of the wrong shape, a rank label that is not a
+number, an error judging it) is published with nothing (its old results are dropped) and
+counted in ``argus_scorer_failures_total{reason}``; the other jobs are scored all the same.
+NaN and +-Inf samples are left out (read as not reported) and counted in
+``argus_scorer_nonfinite_samples_total``. A rank without summaries gets no score and is
+counted in ``argus_scorer_unscored_ranks``, and a failed round leaves only the scorer's own
+health: ``argus_scorer_last_success_timestamp_seconds`` (what ArgusScorerStale watches), round
 duration, failed queries, series fetched, answers read as plain JSON (not in Prometheus's
 usual layout). Failed rounds back off (interval x 2, x 4, capped).
+
+``serve`` takes SIGTERM and SIGINT on its main thread (``sigtimedwait``; the rounds run on
+their own thread), so a stop is taken at once: the query in flight is cut (its socket shut
+down), the round ends and the process exits within ``STOP_TIMEOUT_S``.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import zlib
@@ -33,12 +42,31 @@ from dataclasses import dataclass, field
 
 from argus_core.schema import AXES
 from argus_core.score.core_adapter import L2_FINDINGS, L2_FINDINGS_ALL, Judgement, judge
-from argus_core.score.prometheus import PrometheusAPI, QueryError
+from argus_core.score.limits import DEFAULT_MAX_ANSWER_BYTES, DEFAULT_TIMEOUT_S
+from argus_core.score.prometheus import (
+    BAD_LABELS,
+    QUERY_REASONS,
+    PrometheusAPI,
+    QueryError,
+)
 from argus_core.score.snapshot import fetch_job, list_jobs
+from argus_core.score.vector_columns import DecodeError
 
 logger = logging.getLogger("argus_core.score")
 
 MAX_BACKOFF_FACTOR = 4
+STOP_TIMEOUT_S = 5.0  # after SIGTERM, the longest wait for the round under way to end
+ERROR = "error"  # a failure that is not a query's: a bug judging the job
+FAILURE_REASONS = (*QUERY_REASONS, ERROR)  # the reason label of argus_scorer_failures_total
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The ``reason`` a job's failure is counted under (``FAILURE_REASONS``)."""
+    if isinstance(exc, QueryError):
+        return exc.reason
+    if isinstance(exc, DecodeError):
+        return BAD_LABELS
+    return ERROR
 
 
 @dataclass(frozen=True)
@@ -52,9 +80,10 @@ class ScoreConfig:
     peer_axis: str = "pp"
     window_s: float = 60.0  # the processors' --window: their summaries cover this much time
     rate_window: str = "2m"  # steps per second of each rank, over this window
-    timeout_s: float = 30.0
+    timeout_s: float = DEFAULT_TIMEOUT_S  # per query attempt: connect, send, whole answer
     selector: str = ""  # extra matchers on the processors' and exporters' series
     l2_findings: str = L2_FINDINGS_ALL  # which L2 findings to publish (core_adapter)
+    max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES  # longest answer read per query
 
     def __post_init__(self) -> None:
         if self.l2_findings not in L2_FINDINGS:
@@ -63,8 +92,12 @@ class ScoreConfig:
         if not 0 <= self.shard < self.shards:
             raise ValueError(f"--shard {self.shard}/{self.shards}: expected I/N with "
                              f"0 <= I < N")
-        if self.interval_s <= 0 or self.timeout_s <= 0 or self.window_s <= 0:
-            raise ValueError("interval, timeout and window must be > 0")
+        for flag, seconds in (("--interval", self.interval_s), ("--timeout", self.timeout_s),
+                              ("--window", self.window_s)):
+            if not (math.isfinite(seconds) and seconds > 0):  # NaN fails every comparison
+                raise ValueError(f"{flag} {seconds}: expected a finite number of seconds > 0")
+        if self.max_answer_bytes < 1:
+            raise ValueError(f"max_answer_bytes {self.max_answer_bytes}: expected > 0")
 
 
 def shard_of(job: str, shards: int) -> int:
@@ -85,6 +118,8 @@ class Published:
     series_fetched: int = 0
     jobs_failed: int = 0
     decode_fallbacks: int = 0
+    failures: dict[str, int] = field(default_factory=dict)  # by reason, since the start
+    nonfinite_samples: int = 0
 
 
 class Scorer:
@@ -92,43 +127,55 @@ class Scorer:
 
     def __init__(self, config: ScoreConfig, api: PrometheusAPI | None = None):
         self.config = config
-        self.api = api or PrometheusAPI(config.prometheus, timeout_s=config.timeout_s)
+        self.api = api or PrometheusAPI(config.prometheus, timeout_s=config.timeout_s,
+                                        max_answer_bytes=config.max_answer_bytes)
         self.published = Published()
         self._stop = threading.Event()
 
     def run_round(self) -> bool:
-        """Score every job of this shard once; True when every query succeeded."""
+        """Score every job of this shard once; True when every job was scored. A job whose
+        queries or judgement fail in any way is left out (counted by reason); the others
+        are scored all the same."""
         started = time.monotonic()
         previous = self.published
-        self.api.series_fetched = 0
-        failures_before = self.api.failures
+        api = self.api
+        api.series_fetched = 0
+        failures_before = api.failures
+        failures = dict(previous.failures)
         judgements: dict[str, Judgement] = {}
         jobs_failed = 0
         try:
-            jobs = [j for j in list_jobs(self.api, self.config.selector)
+            jobs = [j for j in list_jobs(api, self.config.selector)
                     if shard_of(j, self.config.shards) == self.config.shard]
-        except QueryError as exc:
-            logger.warning("argus score: cannot list jobs: %s", exc)
+        except Exception as exc:  # whatever the answer, the round is counted
+            _count(failures, exc, "cannot list jobs")
             jobs = None
         for job in jobs or ():
-            try:
-                snapshot = fetch_job(self.api, job, self.config.selector, self.config.window_s,
-                                     self.config.rate_window, self.config.peer_axis)
-            except QueryError as exc:
-                logger.warning("argus score: job %r left out this round: %s", job, exc)
+            if self._stop.is_set():  # the rest of the round is left out
                 jobs_failed += 1
-                continue
-            judgements[job] = judge(snapshot, self.config.peer_axis, self.config.l2_findings)
+                break
+            try:
+                judgements[job] = self._judge(job)
+            except Exception as exc:  # one job's failure is only that job's
+                _count(failures, exc, f"job {job!r} left out this round")
+                jobs_failed += 1
         ok = jobs is not None and jobs_failed == 0
         self.published = Published(
             judgements=judgements,
             last_success=time.time() if ok else previous.last_success,
             round_seconds=time.monotonic() - started,
             rounds_ok=previous.rounds_ok + ok, rounds_failed=previous.rounds_failed + (not ok),
-            query_failures=previous.query_failures + self.api.failures - failures_before,
-            series_fetched=self.api.series_fetched, jobs_failed=jobs_failed,
-            decode_fallbacks=self.api.decode_fallbacks)
+            query_failures=previous.query_failures + api.failures - failures_before,
+            series_fetched=api.series_fetched, jobs_failed=jobs_failed,
+            decode_fallbacks=api.decode_fallbacks, failures=failures,
+            nonfinite_samples=api.nonfinite_samples)
         return ok
+
+    def _judge(self, job: str) -> Judgement:
+        """Fetch one job and judge it with the core."""
+        snapshot = fetch_job(self.api, job, self.config.selector, self.config.window_s,
+                             self.config.rate_window, self.config.peer_axis)
+        return judge(snapshot, self.config.peer_axis, self.config.l2_findings)
 
     def run_forever(self) -> None:
         """Rounds every ``interval_s``; after failures, every 2, then 4 intervals (capped)."""
@@ -137,16 +184,30 @@ class Scorer:
             started = time.monotonic()
             try:
                 ok = self.run_round()
-            except Exception:  # a bug in one round must not stop the service
-                logger.exception("argus score: round failed")
+            except Exception as exc:  # a bug must not stop the service
+                self._publish_nothing(exc)
                 ok = False
             streak = 0 if ok else streak + 1
             wait = self.config.interval_s * min(2 ** streak, MAX_BACKOFF_FACTOR)
             self._stop.wait(max(0.0, wait - (time.monotonic() - started)))
 
+    def _publish_nothing(self, exc: Exception) -> None:
+        """A round that raised: its findings are dropped and the failure counted."""
+        previous = self.published
+        failures = dict(previous.failures)
+        _count(failures, exc, "round failed")
+        self.published = Published(last_success=previous.last_success,
+                                   rounds_ok=previous.rounds_ok,
+                                   rounds_failed=previous.rounds_failed + 1,
+                                   query_failures=previous.query_failures,
+                                   decode_fallbacks=previous.decode_fallbacks,
+                                   failures=failures,
+                                   nonfinite_samples=previous.nonfinite_samples)
+
     def stop(self) -> None:
-        """End ``run_forever`` after the current round."""
+        """End ``run_forever``: the query in flight is cut and no other is made."""
         self._stop.set()
+        self.api.close()
 
     def collect(self):
         """Prometheus collector: the published round and the scorer's health."""
@@ -230,8 +291,8 @@ class Scorer:
                     "last round.", state.series_fetched)
         yield gauge("argus_scorer_jobs", "Jobs scored in the last round.",
                     len(state.judgements))
-        yield gauge("argus_scorer_jobs_failed", "Jobs left out of the last round because a "
-                    "query failed.", state.jobs_failed)
+        yield gauge("argus_scorer_jobs_failed", "Jobs left out of the last round (a query or "
+                    "the judgement failed).", state.jobs_failed)
         rounds = CounterMetricFamily("argus_scorer_rounds", "Rounds, by result.",
                                      labels=["result"])
         rounds.add_metric(["ok"], state.rounds_ok)
@@ -246,27 +307,63 @@ class Scorer:
             "as plain JSON (slower; same result).")
         fallbacks.add_metric([], state.decode_fallbacks)
         yield fallbacks
+        failed = CounterMetricFamily(
+            "argus_scorer_failures", "Jobs left out of a round, and rounds that could not "
+            "list the jobs, by reason (unreachable, http_status, deadline, too_large, "
+            "bad_answer, bad_labels, stopped, error).", labels=["reason"])
+        for reason in FAILURE_REASONS:
+            failed.add_metric([reason], state.failures.get(reason, 0))
+        yield failed
+        nonfinite = CounterMetricFamily(
+            "argus_scorer_nonfinite_samples", "NaN or +-Inf samples in Prometheus's answers, "
+            "left out (the series is read as not reported).")
+        nonfinite.add_metric([], state.nonfinite_samples)
+        yield nonfinite
         shard = GaugeMetricFamily("argus_scorer_shard_info", "This scorer's shard (value 1).",
                                   labels=["shard", "shards"])
         shard.add_metric([str(self.config.shard), str(self.config.shards)], 1.0)
         yield shard
 
 
+def _count(failures: dict[str, int], exc: Exception, what: str) -> None:
+    """Count a failure under its reason and log it (with the traceback for a bug)."""
+    reason = failure_reason(exc)
+    failures[reason] = failures.get(reason, 0) + 1
+    if reason == ERROR:
+        logger.exception("argus score: %s", what)
+    else:
+        logger.warning("argus score: %s (%s): %s", what, reason, exc)
+
+
 def serve(config: ScoreConfig, host: str, port: int) -> None:
-    """Serve /metrics and run rounds until SIGTERM/SIGINT."""
+    """Serve /metrics and run rounds until SIGTERM/SIGINT.
+
+    The signals are blocked in every thread and taken by the main thread with
+    ``sigtimedwait``: no handler runs in the middle of a round (nor takes a lock there), and a
+    stop is not left waiting for a query. The rounds run on a daemon thread; a stop cuts the
+    query in flight and waits at most ``STOP_TIMEOUT_S`` for the round to end."""
     import signal
 
     from prometheus_client import CollectorRegistry, start_http_server
 
+    signals = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, signals)  # threads started below inherit it
     scorer = Scorer(config)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(scorer)
     server, _thread = start_http_server(port, addr=host, registry=registry)
     logger.info("argus score: /metrics on http://%s:%d, Prometheus %s, shard %d/%d", host,
                 server.server_port, config.prometheus, config.shard, config.shards)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: scorer.stop())
+    rounds = threading.Thread(target=scorer.run_forever, name="argus-score-rounds",
+                              daemon=True)
+    rounds.start()
     try:
-        scorer.run_forever()
+        while rounds.is_alive():
+            taken = signal.sigtimedwait(signals, 1.0)
+            if taken is not None:
+                logger.info("argus score: %s, stopping", signal.Signals(taken.si_signo).name)
+                break
     finally:
+        scorer.stop()
+        rounds.join(STOP_TIMEOUT_S)
         server.shutdown()

@@ -27,7 +27,7 @@ import numpy as np
 from argus_core.gcpause import cycle_collection_paused
 from argus_core.schema import AXES
 from argus_core.score.prometheus import PrometheusAPI, quote_label
-from argus_core.score.vector_columns import VectorColumns
+from argus_core.score.vector_columns import DecodeError, VectorColumns
 from argus_core.stats.grouping import dense_ids
 from argus_core.summaries import KernelSummary
 
@@ -71,8 +71,22 @@ def label_columns(result: list[dict], names: tuple[str, ...]) -> tuple[list[list
     return columns, values
 
 
-def _ints(texts: list[str]) -> np.ndarray:
-    return np.fromiter(map(int, texts), np.int64, len(texts))
+def _ints(texts: list[str], name: str) -> np.ndarray:
+    """The ``name`` label of every series as integers; DecodeError (naming the label and the
+    value) if one is not: a rank or coordinate the scorer cannot place is not guessed."""
+    try:
+        return np.fromiter(map(int, texts), np.int64, len(texts))
+    except ValueError:
+        bad = next(t for t in texts if not _is_int(t))
+        raise DecodeError(f"label {name}={bad[:100]!r} is not an integer") from None
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
 
 
 SUMMARY_INTS = ("rank", "stream", "cluster")  # the labels kernel_summary reads
@@ -126,6 +140,26 @@ def kernel_summary(executions: VectorColumns, durations: VectorColumns, window_n
                          p50_ns=p50[ok], p99_ns=p99[ok], names=table, window_ns=window_ns)
 
 
+def finite_units(executions: VectorColumns,
+                 durations: VectorColumns) -> tuple[VectorColumns, VectorColumns, int]:
+    """The summaries without every (rank, kernel, stream) that has a NaN or +-Inf sample in
+    either, and how many such samples there were. Such a unit is left out whole: scored on
+    the clusters that remain, it would be judged on part of its distribution (a false
+    finding)."""
+    bad_e, bad_d = ~np.isfinite(executions.values), ~np.isfinite(durations.values)
+    count = int(bad_e.sum() + bad_d.sum())
+    if not count:
+        return executions, durations, 0
+    names: dict[str, int] = {}  # this function's own ids: the job's table is not touched
+    units = np.concatenate([_cluster_keys(executions, names)[:3],
+                            _cluster_keys(durations, names)[:3]], axis=1)
+    ids, _ = dense_ids(*units)
+    keep = ~np.isin(ids, ids[np.concatenate([bad_e, bad_d])])
+    n_e = len(executions)
+    return (executions.take(np.flatnonzero(keep[:n_e])),
+            durations.take(np.flatnonzero(keep[n_e:])), count)
+
+
 def _cluster_keys(columns: VectorColumns, names: dict[str, int]) -> np.ndarray:
     """(rank, kernel id, stream, cluster) of every series (4 x n); new kernel names get the
     next ids in order of first appearance."""
@@ -145,15 +179,13 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def rank_coords(info: list[dict]) -> dict[int, tuple[int, ...]]:
-    """rank -> coordinates from ``argus_rank_info`` series."""
+    """rank -> coordinates from ``argus_rank_info`` series (a missing coordinate is 0); a
+    rank or coordinate that is not a number: DecodeError."""
     (rank, *axes), _ = label_columns(info, ("rank", *AXES))
-    out = {}
-    for i, r in enumerate(rank):
-        try:
-            out[int(r)] = tuple(int(column[i] or 0) for column in axes)
-        except ValueError:
-            continue  # a rank or coordinate that is not a number: not ours to guess
-    return out
+    ranks = _ints(rank, "rank").tolist()
+    coords = [_ints([c or "0" for c in column], axis).tolist()
+              for axis, column in zip(AXES, axes, strict=True)]
+    return {r: tuple(column[i] for column in coords) for i, r in enumerate(ranks)}
 
 
 def phase_table(series: list[dict], walls: list[dict] = (), orders: list[dict] = (),
@@ -166,7 +198,7 @@ def phase_table(series: list[dict], walls: list[dict] = (), orders: list[dict] =
         return None
     (rank_text, phase, host, *axes), values = label_columns(series, ("rank", "phase", "host",
                                                                      *AXES))
-    rank = _ints(rank_text)
+    rank = _ints(rank_text, "rank")
     ranks, r_idx = np.unique(rank, return_inverse=True)
     names = step_order(sorted(set(phase)), orders)
     column = {name: i for i, name in enumerate(names)}
@@ -174,19 +206,20 @@ def phase_table(series: list[dict], walls: list[dict] = (), orders: list[dict] =
     table = np.full((len(ranks), len(names)), np.nan)
     table[r_idx, p_idx] = values
     coords = np.zeros((len(ranks), len(AXES)), dtype=np.int64)
-    coords[r_idx] = np.column_stack([_ints([c or "0" for c in column]) for column in axes])
+    coords[r_idx] = np.column_stack([_ints([c or "0" for c in column], axis)
+                                     for axis, column in zip(AXES, axes, strict=True)])
     hosts = [""] * len(ranks)
     for i, h in zip(r_idx.tolist(), host, strict=True):
         hosts[i] = h
     wall = np.full(len(ranks), np.nan)
     if walls:
         (wall_rank,), wall_s = label_columns(list(walls), ("rank",))
-        found, ok = _rows(ranks, _ints(wall_rank))
+        found, ok = _rows(ranks, _ints(wall_rank, "rank"))
         wall[found[ok]] = wall_s[ok]
     minimum = None
     if minimums:
         (min_rank, min_phase), min_s = label_columns(list(minimums), ("rank", "phase"))
-        found, ok = _rows(ranks, _ints(min_rank))
+        found, ok = _rows(ranks, _ints(min_rank, "rank"))
         col = np.fromiter((column.get(p, -1) for p in min_phase), np.int64, len(min_phase))
         ok &= col >= 0
         minimum = np.full(table.shape, np.nan)
@@ -240,16 +273,19 @@ def fetch_summaries(api: PrometheusAPI, match: str, coords: dict[int, tuple[int,
         # an answer read as JSON (the fallback) is a dict per series
         with cycle_collection_paused():
             executions = api.query_columns(f"argus_kernel_executions{{{match}}}{where}",
-                                           SUMMARY_INTS, ("kernel",))
+                                           SUMMARY_INTS, ("kernel",), finite_only=False)
             durations = api.query_columns(f"argus_kernel_duration_seconds{{{match}}}{where}",
-                                          SUMMARY_INTS, SUMMARY_TEXTS)
+                                          SUMMARY_INTS, SUMMARY_TEXTS, finite_only=False)
+        executions, durations, nonfinite = finite_units(executions, durations)
+        api.nonfinite_samples += nonfinite
         parts.append(kernel_summary(executions, durations, window_ns, names))
     return concat(parts, names, window_ns)
 
 
 def fetch_job(api: PrometheusAPI, job: str, selector: str, window_s: float,
               rate_window: str, peer_axis: str = "pp") -> JobSnapshot:
-    """Query everything the scorer needs about ``job``; raises QueryError."""
+    """Query everything the scorer needs about ``job``; raises QueryError, or DecodeError
+    for a rank or coordinate label that is not a number."""
     match = f"job={quote_label(job)}" + (f",{selector}" if selector else "")
     info = api.query(f"argus_rank_info{{{match}}}")
     coords = rank_coords(info)
@@ -264,8 +300,8 @@ def fetch_job(api: PrometheusAPI, job: str, selector: str, window_s: float,
     return JobSnapshot(
         job=job, summary=summary, coords=coords,
         phases=phase_table(phases, walls, orders, minimums),
-        steps_per_s={int(r): float(v) for r, v in zip(step_rank, step_rate, strict=True)
-                     if r.isdigit()})
+        steps_per_s=dict(zip(_ints(step_rank, "rank").tolist(), step_rate.tolist(),
+                             strict=True)))
 
 
 def list_jobs(api: PrometheusAPI, selector: str) -> list[str]:
