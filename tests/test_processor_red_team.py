@@ -366,3 +366,62 @@ def test_a_named_token_variable_that_is_unset_refuses_to_start(tmp_path, option)
                           env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "$ARGUS_TOKEN_TYPO" in done.stderr
+
+
+def test_floors_fold_per_job_and_survive_a_snapshot():
+    """Beyond ``max_floors`` the oldest rank floors fold into their job's floor (never into
+    another job's), and floors and windows closed ahead come back from a log snapshot."""
+    from argus_core.processor.windows import WindowStore
+
+    clock = [102 * W]
+    store = WindowStore(60, 5, max_floors=2, clock_ns=lambda: clock[0])
+    for job, rank in (("a", 0), ("a", 1), ("b", 0)):
+        store.add(KernelBatchRecord(job, rank, 100 * W + 1))
+        store.add(KernelBatchRecord(job, rank, 103 * W + 1))  # ahead of the clock
+    for handover in store.close_all():
+        assert handover.window.index in (100, 103)
+    assert store.ranks[("a", 0)].closed_below == 101
+    assert store.ranks[("a", 0)].closed_ahead == {103}
+    store.expire(0, 0)
+    assert store.floors.folded == 1 and set(store.floors.jobs) == {"a"}
+    again = WindowStore(60, 5, max_floors=2, clock_ns=lambda: clock[0])
+    again.restore(orjson.loads(orjson.dumps(store.snapshot())))
+    for key in (("a", 0, 100), ("a", 0, 103), ("a", 1, 103), ("b", 0, 103)):
+        assert again.is_closed(key), key
+    assert not again.is_closed(("b", 0, 102)) and not again.is_closed(("c", 0, 100))
+    assert again.is_closed(("a", 5, 103))  # a's folded floor: every rank of job a
+
+
+def KernelBatchRecord(job: str, rank: int, start_ns: int):  # noqa: N802 - reads as a record
+    from argus_core.schema import parse_record
+
+    return parse_record({"v": 1, "kind": "kernels", "job": job, "rank": rank,
+                         "names": ["gemm"], "name": [0], "stream": [7], "start_ns": [start_ns],
+                         "dur_ns": [1000]})
+
+
+def test_a_rank_forgotten_before_its_window_is_written_keeps_its_host(tmp_path):
+    """With the writer behind (10,000 windows queued), a rank can be forgotten after its
+    window closed and before it is written: the file still names the rank's host."""
+    import threading
+
+    from processor_support import named_events
+
+    processor = Processor(config(tmp_path, state_ttl_s=0.01))
+    processor.recover()
+    identity = {"v": 1, "kind": "rank", "job": "llm", "rank": 0, "world_size": 1,
+                "host": "node-17"}
+    assert processor.ingest(ndjson_gz(identity, kernel_batch(0, T0 + 1000, n=5)),
+                            "gzip").status == 200
+    gate = threading.Event()
+    processor._writer.submit(gate.wait, 30)  # the writer is busy elsewhere
+    futures = processor.close_due(everything=True)
+    time.sleep(0.05)
+    processor.maintain()
+    assert ("llm", 0) not in processor.windows.ranks
+    gate.set()
+    for future in futures:
+        future.result(30)
+    processor.drain(timeout=30)
+    (path,) = (tmp_path / "store").rglob("*.pftrace.gz")
+    assert any("node-17" in name for name in named_events(path.read_bytes()))

@@ -66,6 +66,15 @@ def register(commands) -> None:
     p.add_argument("--max-ranks", type=int, default=_DEFAULTS.max_ranks,
                    help="(job, rank) pairs remembered at most; the least recently seen go "
                         "first (default 65,536)")
+    p.add_argument("--max-windows-per-rank", type=int, default=_DEFAULTS.max_windows_per_rank,
+                   help="windows a rank keeps open at once; beyond, its oldest closes early "
+                        f"(default {_DEFAULTS.max_windows_per_rank})")
+    p.add_argument("--max-body-windows", type=int, default=_DEFAULTS.max_body_windows,
+                   help="windows one body may open; a body that would open more is refused "
+                        f"with 413 (default {_DEFAULTS.max_body_windows:,})")
+    p.add_argument("--max-metrics-series", type=int, default=_DEFAULTS.max_metrics_series,
+                   help="kernel summary series on /metrics; the ranks beyond are left out and "
+                        f"counted (default {_DEFAULTS.max_metrics_series:,})")
     p.add_argument("--max-connections", type=int, default=_DEFAULTS.max_connections,
                    help="client connections at most (default 1024); a new one beyond it "
                         "evicts the one stalled longest")
@@ -135,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
         memory_budget_bytes=args.memory_budget_mb << 20, durability=args.durability,
         wal_sync_interval_s=args.wal_sync_interval, wal_max_bytes=args.wal_max_mb << 20,
         chunk_events=args.chunk_events, state_ttl_s=args.state_ttl, max_ranks=args.max_ranks,
+        max_windows_per_rank=args.max_windows_per_rank,
+        max_body_windows=args.max_body_windows, max_metrics_series=args.max_metrics_series,
         max_connections=args.max_connections, read_timeout_s=args.read_timeout,
         idle_timeout_s=args.idle_timeout, top_k=args.top_k)
     try:

@@ -384,7 +384,8 @@ class Processor:
             window.output = WindowOutput(self.work_dir, key, job=window.job, rank=window.rank,
                                          window_start_ns=window.start_ns,
                                          window_ns=window.window_ns,
-                                         host=self.windows.host(window.job, window.rank))
+                                         host=(self.windows.host(window.job, window.rank)
+                                               if window.host is None else window.host))
             window.output_bytes = window.output.memory_bytes()
         return window.output
 

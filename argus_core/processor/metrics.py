@@ -86,6 +86,9 @@ class ProcessorCollector:
                       "Windows closed before their time to keep a rank within "
                       "--max-windows-per-rank (their records are written, not lost).",
                       p.closed_early)
+        yield counter("argus_processor_folded_floors",
+                      "Floors of forgotten ranks folded into one per job (or one for all) "
+                      "beyond --max-ranks of them.", p.windows.floors.folded)
         yield gauge("argus_processor_metrics_left_out_ranks",
                     "Ranks whose kernel summaries the last scrape left out "
                     "(--max-metrics-series).", p.metrics_left_out)

@@ -110,6 +110,7 @@ class Window:
     output: Any = None  # the writer's state for this window (created by the processor)
     output_bytes: int = WINDOW_STATE_BYTES  # its memory (updated by the writer)
     failed: bool = False  # writing it failed: later chunks are dropped (and counted)
+    host: str | None = None  # the rank's host when the window closed (None: still open)
 
     @property
     def key(self) -> WindowKey:
@@ -495,6 +496,7 @@ class WindowStore:
             state = self._rank(job, rank)
         state.open_index.discard(index)
         state.close(index, self._clock_index())
+        window.host = self.host(job, rank)  # the rank may be forgotten before it is written
         self.record_bytes -= window.record_bytes
         handover = self._handover(window)
         handover.bytes += window.record_bytes
