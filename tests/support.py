@@ -10,3 +10,18 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def wait_for(condition, what: str, timeout: float = 90.0, poll_s: float = 0.05):
+    """Poll ``condition`` until it returns something truthy (returned); AssertionError naming
+    ``what`` after ``timeout`` seconds (generous: a loaded machine is slow, never wrong)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(poll_s)

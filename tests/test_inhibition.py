@@ -17,7 +17,6 @@ still inhibits (Alertmanager's behaviour, which no config changes).
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -26,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 from promtools import binary
-from support import free_port
+from support import free_port, wait_for
 
 from argus_core.rules.alertmanager import inhibit_rule
 from argus_core.rules.alerts import LOCATION, RANK_CAUSES
@@ -35,7 +34,6 @@ from argus_core.stack.processes import start, wait_ready
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / ALERTMANAGER_FILE  # the shipped config under test
-TIMEOUT_S = 30.0  # for Alertmanager to take in what was posted (it takes milliseconds)
 
 _RULES = [rule for group in yaml.safe_load((REPO / ALERTS_FILE).read_text())["groups"]
           for rule in group["rules"]]
@@ -112,18 +110,6 @@ def _iso(moment: datetime) -> str:
     return moment.isoformat().replace("+00:00", "Z")
 
 
-def _wait(predicate, what: str, timeout: float = TIMEOUT_S):
-    """Poll ``predicate`` until it returns something true; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what}")
-        time.sleep(0.05)
-
-
 @pytest.fixture(scope="module")
 def am(tmp_path_factory):
     """One Alertmanager for the module (each test uses jobs of its own)."""
@@ -162,7 +148,7 @@ class Scenario:
                             for s in self.silenced))
             return by_labels if done else None
 
-        return _wait(ready, "the control spike inhibited, the silenced alerts silenced")
+        return wait_for(ready, "the control spike inhibited, the silenced alerts silenced")
 
 
 def _key(labels: dict[str, str]) -> tuple:

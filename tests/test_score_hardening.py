@@ -24,7 +24,7 @@ import pytest
 from prom_support import Prometheus, serve_collectors
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
-from support import free_port
+from support import free_port, wait_for
 
 from argus_core.cli import main
 from argus_core.score.service import ScoreConfig, Scorer
@@ -250,18 +250,6 @@ def by_label(out: Samples, name: str, label: str) -> dict[str, float]:
     return {labels[label]: value for labels, value in out.get(name, ())}
 
 
-def wait_until(condition: Callable[[], object], what: str, timeout: float = 60.0):
-    """Poll ``condition`` until it is truthy; its value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g} s: {what}")
-        time.sleep(0.2)
-
-
 def first_round(scorer: Scorer) -> None:
     """A clean round: both jobs' findings served (what a later failure must take away)."""
     assert scorer.run_round()
@@ -424,9 +412,9 @@ def test_sigterm_mid_query_exits_within_seconds(proxy, start_scorer):
     """SIGTERM while a query is trickling in (deadline 60 s): the query is cut, the scorer
     exits 0 within 5 s."""
     scorer = start_scorer(proxy.url, "--timeout", "60")
-    wait_until(lambda: served_both(scorer), "a first round served")
+    wait_for(lambda: served_both(scorer), "a first round served")
     proxy.rule = (query_of("argus_rank_info", "llm-b"), trickle)
-    wait_until(proxy.trickling.is_set, "a query trickling in")
+    wait_for(proxy.trickling.is_set, "a query trickling in")
     sent = time.monotonic()
     scorer.process.send_signal(signal.SIGTERM)
     try:
@@ -445,7 +433,7 @@ def test_a_100_mb_answer_is_refused_at_the_bound_and_memory_stays_flat(
     too_large and its findings are dropped, the other job is scored, and the scorer's peak
     RSS grows by less than 64 MB."""
     scorer = start_scorer(proxy.url, "--timeout", "20", "--max-answer-mb", "16")
-    wait_until(lambda: served_both(scorer), "a first round served")
+    wait_for(lambda: served_both(scorer), "a first round served")
     peak_before = scorer.memory_kb("VmHWM")
     proxy.rule = (query_of("argus_rank_info", "llm-b"), huge(100 * MiB, announced))
 
@@ -454,11 +442,11 @@ def test_a_100_mb_answer_is_refused_at_the_bound_and_memory_stays_flat(
         failed = by_label(out, "argus_scorer_failures_total", "reason").get("too_large", 0)
         return out if failed >= 1 and not findings(out, "llm-b") else {}
 
-    out = wait_until(refused, "the 100 MB answer refused as too_large")
+    out = wait_for(refused, "the 100 MB answer refused as too_large")
     assert findings(out, "llm-a") == SLOW
     growth_mb = (scorer.memory_kb("VmHWM") - peak_before) / 1024
     assert growth_mb < 64, growth_mb
-    sent = wait_until(lambda: proxy.sent_bytes, "the proxy's answer ended")
+    sent = wait_for(lambda: proxy.sent_bytes, "the proxy's answer ended")
     assert max(sent) < 100 * MiB  # the scorer hung up
     log = scorer.log.read_text()
     assert "bound of 16 MiB per answer (--max-answer-mb)" in log

@@ -26,6 +26,7 @@ from urllib.parse import parse_qs, quote, urlsplit
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from support import wait_for
 from test_trace_links import fetch, perfetto_target
 
 from argus_core.processor import links
@@ -38,20 +39,7 @@ OTHER_KEY = trace_key("", "job-a", 1, T0)
 DATA = b"\x1f\x8b" + b"a small trace" * 100
 TOKEN = "s3cret-read-token"
 BIG_BYTES = 28 * 1024 * 1024
-WAIT_S = 90.0
 LINK_QUERY = f"job=job-a&rank=0&at={(T0 + 1_000_000_000) // 1_000_000}"
-
-
-def wait_for(condition: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
-    """Poll ``condition`` until it returns something truthy (returned); fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(0.05)
 
 
 # -- in-process servers ----------------------------------------------------------------------------

@@ -211,7 +211,7 @@ def _iso(ns: int) -> str:
 
 
 # -- who may read ----------------------------------------------------------------------------------
-def _secret_equal(given: str, expected: str) -> bool:
+def secret_equal(given: str, expected: str) -> bool:
     """Constant-time comparison of two strings of any characters (compare_digest on bytes)."""
     return hmac.compare_digest(given.encode("utf-8", "surrogatepass"),
                                expected.encode("utf-8", "surrogatepass"))
@@ -233,7 +233,7 @@ def signed_file_path(read_token: str, key: str, expires_at: int) -> str:
     return f"{FILE_ROUTE}{quote(key, safe='/=')}?exp={expires_at}&sig={signature}"
 
 
-def _bearer(header: str) -> str | None:
+def bearer(header: str) -> str | None:
     """The credentials of an ``Authorization: Bearer X`` header (scheme case-insensitive)."""
     scheme, _, credentials = header.strip().partition(" ")
     return credentials.strip() if scheme.lower() == "bearer" else None
@@ -249,10 +249,10 @@ def authorize(request: web.Request, read_token: str | None, key: str | None = No
     """
     if read_token is None:
         return
-    given = _bearer(request.headers.get("Authorization", ""))
+    given = bearer(request.headers.get("Authorization", ""))
     if given is None:
         given = request.query.get("token")
-    if given is not None and _secret_equal(given, read_token):
+    if given is not None and secret_equal(given, read_token):
         return
     if key is not None and ("sig" in request.query or "exp" in request.query):
         _check_signature(request.query, read_token, key, now())
@@ -268,7 +268,7 @@ def _check_signature(query: Mapping[str, str], read_token: str, key: str, now_s:
     if not _EXPIRY_TEXT.fullmatch(expiry) or not _SIGNATURE_TEXT.fullmatch(signature):
         raise LinkError(403, "malformed signed link: exp (Unix seconds) and sig (64 hex "
                              "digits) are needed")
-    if not _secret_equal(signature, sign_file_key(read_token, key, int(expiry))):
+    if not secret_equal(signature, sign_file_key(read_token, key, int(expiry))):
         raise LinkError(403, "the link's signature does not match this key and expiry")
     if int(expiry) < now_s:
         raise LinkError(403, f"the link expired at {_iso(int(expiry) * 1_000_000_000)}: "

@@ -27,7 +27,7 @@ import numpy as np
 from argus_core.gcpause import cycle_collection_paused
 from argus_core.schema import AXES
 from argus_core.score.prometheus import PrometheusAPI, quote_label
-from argus_core.score.vector_columns import DecodeError, VectorColumns
+from argus_core.score.vector_columns import DecodeError, VectorColumns, is_int
 from argus_core.stats.grouping import dense_ids
 from argus_core.summaries import KernelSummary
 
@@ -77,16 +77,8 @@ def _ints(texts: list[str], name: str) -> np.ndarray:
     try:
         return np.fromiter(map(int, texts), np.int64, len(texts))
     except ValueError:
-        bad = next(t for t in texts if not _is_int(t))
+        bad = next(t for t in texts if not is_int(t))
         raise DecodeError(f"label {name}={bad[:100]!r} is not an integer") from None
-
-
-def _is_int(text: str) -> bool:
-    try:
-        int(text)
-    except ValueError:
-        return False
-    return True
 
 
 SUMMARY_INTS = ("rank", "stream", "cluster")  # the labels kernel_summary reads

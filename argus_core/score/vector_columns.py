@@ -83,7 +83,7 @@ def columns_from_result(result: list[dict], ints: tuple[str, ...] = (),
         try:
             out_ints[name] = np.array([int(v) for v in column], dtype=np.int64)
         except ValueError:
-            bad = next(v for v in column if not _is_int(v))
+            bad = next(v for v in column if not is_int(v))
             raise DecodeError(f"label {name}={bad!r} is not an integer") from None
     out_texts = {}
     for name in texts:
@@ -94,7 +94,8 @@ def columns_from_result(result: list[dict], ints: tuple[str, ...] = (),
     return VectorColumns(out_ints, out_texts, values)
 
 
-def _is_int(text: str) -> bool:
+def is_int(text: str) -> bool:
+    """Whether ``text`` reads as an integer (what a rank or coordinate label must be)."""
     try:
         int(text)
     except ValueError:
