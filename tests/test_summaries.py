@@ -68,3 +68,22 @@ def test_top_kernels_bounds_series_per_rank():
         best = sorted(total, key=total.get, reverse=True)[:4]
         assert set(kept.kernel[mine].tolist()) == set(best)
     assert len(top_kernels(s, 100)) == len(s)
+
+
+def test_pre_rendered_lines_are_what_prometheus_client_renders():
+    """The processor's /metrics joins lines rendered once per window: they must be exactly
+    prometheus-client's exposition of the same summaries, escapes and number formats
+    included (names with quotes, backslashes and newlines; a zero; a huge count)."""
+    from argus_core.summaries import KernelSummary, exposition, summary_headers, summary_lines
+
+    summary = KernelSummary(
+        rank=np.array([0, 1, 1, 7]), kernel=np.array([0, 1, 2, 0]),
+        stream=np.array([7, 7, 13, 7]), window=np.zeros(4, dtype=np.int64),
+        cluster=np.array([0, 1, 0, 2]), count=np.array([5, 0, 7, 10**12]),
+        sum_ns=np.ones(4, dtype=np.int64), p50_ns=np.array([1234, 5, 10**9, 0]),
+        p99_ns=np.array([99_999, 7, 3 * 10**9, 1]),
+        names=['a"b', "c\\d", "e\nf"], window_ns=60 * 10**9)
+    quantiles, counts = summary_lines(summary, 'job "x"\\y')
+    headers = summary_headers()
+    fast = headers[0] + quantiles + headers[1] + counts
+    assert fast == exposition(summary, job='job "x"\\y').decode()
