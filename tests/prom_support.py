@@ -14,6 +14,7 @@ from promtools import binary
 from support import free_port
 
 from argus_core.rules.generate import to_yaml
+from argus_core.simulate.summaries import synthetic_summaries
 from argus_core.stack.processes import start, wait_ready
 
 
@@ -85,3 +86,60 @@ def serve_collectors(*collectors) -> tuple[object, str]:
     port = free_port()
     server, _thread = start_http_server(port, addr="127.0.0.1", registry=registry)
     return server, f"127.0.0.1:{port}"
+
+
+class PhaseCluster:
+    """What a cluster's processors and exporters expose to a test's Prometheus: per job, kernel
+    summaries, identities, phase medians and totals, step counts and step times of ``ranks``
+    ranks in pipeline stages of 8 (the scorer fetches and scores stages one at a time).
+
+    ``slow`` maps a job to its slow rank (2x kernels, 2x mlp) or None; ``silent`` ranks are
+    announced to a processor but never summarised; ``anonymous`` (job, rank) pairs are
+    summarised but never announced."""
+
+    def __init__(self, ranks: int, slow: dict[str, int | None],
+                 silent: dict[str, int] | None = None,
+                 anonymous: tuple[str, int] | None = None):
+        self.started = time.time()
+        self.ranks, self.slow = ranks, slow
+        self.silent, self.anonymous = silent or {}, anonymous
+        self.summaries = {job: synthetic_summaries(ranks, 4, slow=None if rank is None
+                                                   else {rank: 2.0}, seed=i)
+                          for i, (job, rank) in enumerate(slow.items())}
+
+    def collect(self):
+        """Prometheus collector protocol."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        from argus_core.summaries import summary_families
+
+        yield from summary_families(self.summaries)
+        labels = ["job", "rank", "host", "dp", "tp", "pp", "ep"]
+        info = GaugeMetricFamily("argus_rank_info", "identity", labels=labels)
+        phases = GaugeMetricFamily("argus_phase_window_seconds", "phase time",
+                                   labels=[*labels, "phase", "stat"])
+        totals = CounterMetricFamily("argus_phase_seconds", "phase time",
+                                     labels=[*labels, "phase"])
+        steps = CounterMetricFamily("argus_steps", "steps", labels=labels)
+        walls = GaugeMetricFamily("argus_step_window_seconds", "step time",
+                                  labels=[*labels, "stat"])
+        orders = GaugeMetricFamily("argus_phase_order_info", "order",
+                                   labels=[*labels, "order"])
+        elapsed = time.time() - self.started
+        for job, slow_rank in self.slow.items():
+            silent = [self.silent[job]] if job in self.silent else []
+            for rank in [*range(self.ranks), *silent]:
+                ident = [job, str(rank), f"node-{rank // 8}", str(rank % 8), "0",
+                         str(rank // 8 if rank < self.ranks else 0), "0"]
+                if (job, rank) != self.anonymous:
+                    info.add_metric(ident, 1)
+                if rank in silent:
+                    continue
+                mlp = 0.06 if rank == slow_rank else 0.03
+                for phase, seconds in (("mlp", mlp), ("dp-allreduce", 0.01)):
+                    phases.add_metric([*ident, phase, "median"], seconds)
+                    totals.add_metric([*ident, phase], seconds * 10 * elapsed)
+                steps.add_metric(ident, 10 * elapsed)
+                walls.add_metric([*ident, "median"], 0.1)
+                orders.add_metric([*ident, "mlp,dp-allreduce"], 1)
+        yield from (info, phases, totals, steps, walls, orders)

@@ -9,8 +9,7 @@ import zlib
 
 import numpy as np
 import pytest
-from prom_support import Prometheus, serve_collectors
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prom_support import PhaseCluster, Prometheus, serve_collectors
 from support import free_port
 
 from argus_core.cli import main
@@ -19,7 +18,6 @@ from argus_core.score.prometheus import PrometheusAPI, quote_label
 from argus_core.score.service import ScoreConfig, Scorer, shard_of
 from argus_core.score.snapshot import JobSnapshot, PhaseTable
 from argus_core.simulate.summaries import synthetic_summaries
-from argus_core.summaries import summary_families
 
 RANKS = 16
 SLOW_RANK = 5
@@ -27,50 +25,11 @@ SILENT_RANK = 99  # announced to a processor, never summarised
 ANONYMOUS = ("llm-b", 15)  # summarised, never announced: scored with peer set 0, as the core
 
 
-class Cluster:
-    """What a cluster's processors and exporters expose: two jobs, one with a slow rank."""
-
-    def __init__(self):
-        self.started = time.time()
-        self.summaries = {"llm-a": synthetic_summaries(RANKS, 4, slow={SLOW_RANK: 2.0}),
-                          "llm-b": synthetic_summaries(RANKS, 4, seed=1)}
-
-    def collect(self):
-        yield from summary_families(self.summaries)
-        labels = ["job", "rank", "host", "dp", "tp", "pp", "ep"]
-        info = GaugeMetricFamily("argus_rank_info", "identity", labels=labels)
-        phases = GaugeMetricFamily("argus_phase_window_seconds", "phase time",
-                                   labels=[*labels, "phase", "stat"])
-        totals = CounterMetricFamily("argus_phase_seconds", "phase time",
-                                     labels=[*labels, "phase"])
-        steps = CounterMetricFamily("argus_steps", "steps", labels=labels)
-        walls = GaugeMetricFamily("argus_step_window_seconds", "step time",
-                                  labels=[*labels, "stat"])
-        orders = GaugeMetricFamily("argus_phase_order_info", "order",
-                                   labels=[*labels, "order"])
-        elapsed = time.time() - self.started
-        for job in self.summaries:
-            for rank in [*range(RANKS), *([SILENT_RANK] if job == "llm-a" else [])]:
-                # Two pipeline stages of 8: the scorer fetches and scores them one at a time.
-                ident = [job, str(rank), f"node-{rank // 8}", str(rank % 8), "0",
-                         str(rank // 8 if rank < RANKS else 0), "0"]
-                if (job, rank) != ANONYMOUS:
-                    info.add_metric(ident, 1)
-                if rank == SILENT_RANK:
-                    continue
-                mlp = 0.06 if (job, rank) == ("llm-a", SLOW_RANK) else 0.03
-                for phase, seconds in (("mlp", mlp), ("dp-allreduce", 0.01)):
-                    phases.add_metric([*ident, phase, "median"], seconds)
-                    totals.add_metric([*ident, phase], seconds * 10 * elapsed)
-                steps.add_metric(ident, 10 * elapsed)
-                walls.add_metric([*ident, "median"], 0.1)
-                orders.add_metric([*ident, "mlp,dp-allreduce"], 1)
-        yield from (info, phases, totals, steps, walls, orders)
-
-
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory):
-    server, target = serve_collectors(Cluster())
+    server, target = serve_collectors(PhaseCluster(
+        RANKS, {"llm-a": SLOW_RANK, "llm-b": None}, silent={"llm-a": SILENT_RANK},
+        anonymous=ANONYMOUS))
     prom = Prometheus(tmp_path_factory.mktemp("prometheus"), {"cluster": target}).start()
     prom.wait_for("argus_kernel_executions", count=2 * RANKS * 4 * 2)
     prom.wait_for('increase(argus_steps_total[5s]) > 0', count=2 * RANKS)

@@ -21,15 +21,12 @@ from pathlib import Path
 
 import orjson
 import pytest
-from prom_support import Prometheus, serve_collectors
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prom_support import PhaseCluster, Prometheus, serve_collectors
 from prometheus_client.parser import text_string_to_metric_families
 from support import free_port, wait_for
 
 from argus_core.cli import main
 from argus_core.score.service import ScoreConfig, Scorer
-from argus_core.simulate.summaries import synthetic_summaries
-from argus_core.summaries import summary_families
 
 RANKS = 8
 SLOW_RANK = 5  # slow in both jobs: each job has findings to lose
@@ -37,39 +34,6 @@ HEALTHY_RANK = 3
 JOBS = ("llm-a", "llm-b")
 FINDINGS = ("argus_phase_straggler_ratio", "argus_verdict", "argus_kernel_straggler")
 MiB = 1 << 20
-
-
-class Cluster:
-    """Two jobs of 8 ranks (a dp group of 8), rank 5 of each slow in its kernels and mlp."""
-
-    def __init__(self):
-        self.started = time.time()
-        self.summaries = {job: synthetic_summaries(RANKS, 4, slow={SLOW_RANK: 2.0}, seed=i)
-                          for i, job in enumerate(JOBS)}
-
-    def collect(self):
-        yield from summary_families(self.summaries)
-        labels = ["job", "rank", "host", "dp", "tp", "pp", "ep"]
-        info = GaugeMetricFamily("argus_rank_info", "identity", labels=labels)
-        phases = GaugeMetricFamily("argus_phase_window_seconds", "phase time",
-                                   labels=[*labels, "phase", "stat"])
-        steps = CounterMetricFamily("argus_steps", "steps", labels=labels)
-        walls = GaugeMetricFamily("argus_step_window_seconds", "step time",
-                                  labels=[*labels, "stat"])
-        orders = GaugeMetricFamily("argus_phase_order_info", "order",
-                                   labels=[*labels, "order"])
-        elapsed = time.time() - self.started
-        for job in JOBS:
-            for rank in range(RANKS):
-                ident = [job, str(rank), "node-0", str(rank), "0", "0", "0"]
-                info.add_metric(ident, 1)
-                mlp = 0.06 if rank == SLOW_RANK else 0.03
-                for phase, seconds in (("mlp", mlp), ("dp-allreduce", 0.01)):
-                    phases.add_metric([*ident, phase, "median"], seconds)
-                steps.add_metric(ident, 10 * elapsed)
-                walls.add_metric([*ident, "median"], 0.1)
-                orders.add_metric([*ident, "mlp,dp-allreduce"], 1)
-        yield from (info, phases, steps, walls, orders)
 
 
 Action = Callable[["HostileProxy", BaseHTTPRequestHandler, bytes], None]
@@ -194,7 +158,7 @@ def query_of(metric: str, job: str, *parts: str) -> Callable[[str], bool]:
 
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory):
-    server, target = serve_collectors(Cluster())
+    server, target = serve_collectors(PhaseCluster(RANKS, dict.fromkeys(JOBS, SLOW_RANK)))
     prom = Prometheus(tmp_path_factory.mktemp("prometheus"), {"cluster": target}).start()
     prom.wait_for("argus_kernel_executions", count=len(JOBS) * RANKS * 4)
     prom.wait_for("increase(argus_steps_total[5s]) > 0", count=len(JOBS) * RANKS)

@@ -35,8 +35,15 @@ from argus_core.processor.memory import WINDOW_BYTES
 from argus_core.processor.wal import BODY, CLOSED, DONE, WalError, WriteAheadLog, body_payload
 from argus_core.processor.wal import fsync_dir as _fsync_dir
 from argus_core.processor.window_output import WindowOutput
-from argus_core.processor.windows import Handover, Window, WindowKey, WindowStore, opened_by
-from argus_core.schema import KernelBatch, Record, StackRecord, StepRecord
+from argus_core.processor.windows import (
+    Handover,
+    Window,
+    WindowKey,
+    WindowStore,
+    opened_by,
+    window_keys,
+)
+from argus_core.schema import KernelBatch, RankRecord, Record
 from argus_core.summaries import KernelSummary, summary_headers, summary_lines, top_kernels
 
 logger = logging.getLogger("argus_core.processor")
@@ -245,15 +252,17 @@ class Processor:
         with self._lock:
             late: Counter = Counter()
             if result.records:
-                refusal = self._admit(result.records)
+                keys = window_keys(result.records, self.windows.window_ns)
+                refusal = self._admit(result.records, keys)
                 if refusal is not None:
                     return refusal
                 segment = None
                 if self.wal is not None:
-                    try:
+                    identities = any(isinstance(r, RankRecord) for r in result.records)
+                    try:  # a body with an identity goes to no window: always replayed
                         segment = self.wal.append(BODY, *body_payload(
                             body, encoding or "", result.refused,
-                            windows_of(result.records, self.windows.window_ns)))
+                            None if identities else [list(key) for key in sorted(keys)]))
                     except WalError as exc:
                         self.wal_errors += 1
                         logger.error("argus processor: %s", exc)
@@ -279,10 +288,10 @@ class Processor:
             return Answer(400, answer, durable)
         return Answer(200, answer, durable)
 
-    def _admit(self, records: list[Record]) -> Answer | None:
-        """Under the lock: refuse a body whose windows would break a bound (413 when it never
-        can fit, 503 when it can later), before any of it is logged or filed."""
-        per_rank = opened_by(records, self.windows.window_ns, self.windows)
+    def _admit(self, records: list[Record], keys: set[WindowKey]) -> Answer | None:
+        """Under the lock: refuse a body whose windows (``keys``) would break a bound (413
+        when it never can fit, 503 when it can later), before any of it is logged or filed."""
+        per_rank = opened_by(keys, self.windows)
         opening = sum(per_rank.values())
         if opening > self.config.max_body_windows:
             self.count_rejected("windows", len(records))
@@ -556,23 +565,6 @@ class Processor:
             self.uploader.close(1.0)
         if self.wal is not None:
             self.wal.close()
-
-
-def windows_of(records: list[Record], window_ns: int) -> list[list] | None:
-    """The (job, rank, window index) keys records go to, sorted; None when one of them is an
-    identity (it belongs to no window, so its body must always be replayed)."""
-    keys: set[tuple[str, int, int]] = set()
-    for record in records:
-        if isinstance(record, KernelBatch):
-            if len(record.start_ns):
-                first = int(record.start_ns.min()) // window_ns
-                last = int(record.start_ns.max()) // window_ns
-                keys.update((record.job, record.rank, i) for i in range(first, last + 1))
-        elif isinstance(record, StepRecord | StackRecord):
-            keys.add((record.job, record.rank, record.t_ns // window_ns))
-        else:
-            return None
-    return [list(key) for key in sorted(keys)]
 
 
 def _compact(summary: KernelSummary) -> KernelSummary:

@@ -38,6 +38,8 @@ __all__ = ["SERVER_OPTIONS", "WINDOWS_DIR", "Processor", "ProcessorConfig", "bui
 
 logger = logging.getLogger("argus_core.processor")
 
+CHARGE_STEP = 1 << 20
+"""A body without (or beyond) its Content-Length is charged to the budget in steps this big."""
 PROCESSOR_KEY = web.AppKey("processor", Processor)
 REGISTRY_KEY = web.AppKey("registry", object)
 GUARD_KEY = web.AppKey("guard", ConnectionGuard)
@@ -115,10 +117,11 @@ async def _records(request: web.Request) -> web.Response:
                                  headers={"Retry-After": str(processor.config.retry_after_s)})
     def charge(size: int) -> bool:  # bytes beyond what was reserved, as they arrive
         nonlocal reserved
-        if size > reserved:
-            if not processor.charge(size - reserved, own=reserved):
+        if size > reserved:  # reserve a step ahead: the budget is summed once per step
+            step = min(-(-size // CHARGE_STEP) * CHARGE_STEP, processor.config.max_body_bytes)
+            if not processor.charge(max(step, size) - reserved, own=reserved):
                 return False
-            reserved = size
+            reserved = max(step, size)
         return True
 
     try:

@@ -205,12 +205,16 @@ class Floors:
         state.closed_ahead = {i for i in ahead if i >= state.closed_below}
 
     def prune(self, oldest_index: int) -> None:
-        """Drop floors wholly below window ``oldest_index`` (nothing that old is accepted)."""
-        for key in [k for k, (below, ahead) in self.ranks.items()
-                    if max((below, *(i + 1 for i in ahead))) <= oldest_index]:
-            del self.ranks[key]
-        for job in [j for j, below in self.jobs.items() if below <= oldest_index]:
-            del self.jobs[job]
+        """Drop floors wholly below window ``oldest_index`` (nothing that old is accepted),
+        oldest forgotten first, up to the first still needed: a few entries a call, never a
+        walk over all of them (this runs every second, under the processor's lock)."""
+        while self.ranks:
+            below, ahead = next(iter(self.ranks.values()))
+            if max((below, *(i + 1 for i in ahead))) > oldest_index:
+                break
+            self.ranks.popitem(last=False)
+        while self.jobs and next(iter(self.jobs.values())) <= oldest_index:
+            self.jobs.popitem(last=False)
 
     def snapshot(self) -> dict:
         """As plain data (part of :meth:`WindowStore.snapshot`)."""
@@ -580,19 +584,24 @@ def window_order(records: list[Record], window_ns: int) -> list[Record]:
     return [record for _, record in keyed]
 
 
-def opened_by(records: list[Record], window_ns: int, store: WindowStore) -> Counter:
-    """How many windows ``records`` would open per (job, rank) that are not open (nor
-    closed) now."""
-    new: set[WindowKey] = set()
+def window_keys(records: list[Record], window_ns: int) -> set[WindowKey]:
+    """The (job, rank, window index) of every window ``records`` go to, exactly (identities
+    go to none); one pass per body serves both the admission check and the log entry."""
+    keys: set[WindowKey] = set()
     for record in records:
         if isinstance(record, KernelBatch):
             if not len(record.start_ns):
                 continue
             first = int(record.start_ns.min()) // window_ns
             last = int(record.start_ns.max()) // window_ns
-            indexes = (range(first, last + 1) if last - first < 4
+            indexes = ((first,) if first == last  # most batches: no per-kernel divide
                        else np.unique(record.start_ns // window_ns).tolist())
-            new.update((record.job, record.rank, i) for i in indexes)
+            keys.update((record.job, record.rank, i) for i in indexes)
         elif isinstance(record, StepRecord | StackRecord):
-            new.add((record.job, record.rank, record.t_ns // window_ns))
-    return Counter(key[:2] for key in new if key not in store.open and not store.is_closed(key))
+            keys.add((record.job, record.rank, record.t_ns // window_ns))
+    return keys
+
+
+def opened_by(keys: set[WindowKey], store: WindowStore) -> Counter:
+    """How many of the windows ``keys`` would open per (job, rank): not open nor closed now."""
+    return Counter(key[:2] for key in keys if key not in store.open and not store.is_closed(key))
