@@ -290,3 +290,27 @@ def test_pairs_and_collectives_are_published_as_the_core_finds_them(seed):
             assert f.labels == {"host": "node-0", **{
                 a: str(c) for a, c in zip(("dp", "tp", "pp", "ep"),
                                           trace.coords(np.array([f.rank]))[0], strict=True)}}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_collective_of_microseconds_slower_than_its_peers_is_no_finding(seed):
+    """A real healthy DDP job on CPU had rank 1's buffer broadcast 1.2x its peers' and paged
+    ArgusLinkDegraded: a finding is published only when its excess costs the job the
+    verdicts' floor (2% of a step); the same ratio on a collective that matters still is."""
+    rng = np.random.default_rng(seed)
+    coords = np.array([(r, 0, 0, 0) for r in range(8)])
+
+    def judged(collective_s):
+        mlp = 0.030 * (1 + 0.0002 * rng.standard_normal(8))  # arrivals together
+        comm = np.full(8, collective_s) * (1 + 0.005 * rng.standard_normal(8))
+        comm[1] *= 1.25  # everyone arrives together: rank 1's transfer itself is slower
+        table = PhaseTable(np.arange(8), ["mlp", "dp-broadcast"], np.column_stack([mlp, comm]),
+                           coords, mlp + comm, ["node-0"] * 8)
+        return judge(JobSnapshot("j", synthetic_summaries(0, 0), {r: tuple(coords[r])
+                                                                 for r in range(8)}, table))
+
+    tiny = judged(0.00015)  # 150 us: +37 us a step on a 30 ms step
+    assert not tiny.phases and not tiny.verdicts
+    large = judged(0.010)  # 10 ms: +2.5 ms a step, 6% of the step
+    assert [(f.rank, f.phase, f.kind) for f in large.phases] == [
+        (1, "dp-broadcast", "communication")]

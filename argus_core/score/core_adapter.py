@@ -9,8 +9,11 @@
   collective is the time of the phases before it, in step order, plus its time in no phase,
   wall - phases). Pipeline stages are compared only where alike (``stage_classes``: the
   kernels each stage runs per step, read off the summaries' executions).
-- Every L2 finding is published (``Judgement.phases``, ``L2_FINDINGS_ALL``): the recording
-  rules only rename the scorer's results, so the core is the single source of L2. With
+- Every L2 finding worth a page is published (``Judgement.phases``, ``L2_FINDINGS_ALL``):
+  one whose excess costs the job at least the verdicts' floor (``min_cost_share`` of the
+  slowest rank's median step; ``worth_a_page``), so a collective of microseconds 1.2x its
+  peers' never pages. The recording rules only rename the scorer's results, so the core is
+  the single source of L2. With
   ``L2_FINDINGS_BEYOND_PROMQL`` (rules with ``l2_source: promql``) only the findings PromQL
   cannot make: pairs (decided by who waits), the pp axis (stage likeness) and every
   collective comparison (arrival skew); the rules make the others.
@@ -118,8 +121,12 @@ def judge(snapshot: JobSnapshot, peer_axis: str = "pp",
         l2 = judge_phases(snapshot.phases, config.l2,
                           stage_classes(snapshot, snapshot.phases))
         out.wait_s, out.l2_tests, out.z_family = l2.wait_s, l2.tests, l2.z_family
-        out.phases = (all_findings(l2, snapshot.phases) if l2_findings == L2_FINDINGS_ALL
-                      else beyond_promql(l2, snapshot.phases))
+        published = (all_findings(l2, snapshot.phases) if l2_findings == L2_FINDINGS_ALL
+                     else beyond_promql(l2, snapshot.phases))
+        context = _context(snapshot)
+        worth = {(f.rank, f.phase) for f in l2.findings
+                 if worth_a_page(f.excess_s, context, config.verdict.min_cost_share)}
+        out.phases = [f for f in published if (f.rank, f.phase) in worth]
         out.groups, out.scales = group_rows(l2, snapshot.phases)
     findings = _score_kernels(snapshot, peer_axis, config.l3, out)
     out.unscored = snapshot.known_ranks - set(np.unique(out.kernels.rank).tolist())
@@ -128,6 +135,15 @@ def judge(snapshot: JobSnapshot, peer_axis: str = "pp",
     out.verdicts = [(v.rank, v.cause) for v in build_verdicts(
         no_l1, l2, findings, context=_context(snapshot))]
     return out
+
+
+def worth_a_page(excess_s: float, context, min_cost_share: float) -> bool:
+    """Whether a finding's excess a step costs the job at least ``min_cost_share`` of its
+    step (the verdicts' floor); without a known step time every finding is."""
+    from argus_core.detect.cost import cost_of
+
+    share = cost_of(excess_s if np.isfinite(excess_s) else 0.0, 1, context).share
+    return share is None or share >= min_cost_share
 
 
 def _context(snapshot: JobSnapshot):
