@@ -1,10 +1,11 @@
 """Hot metrics of one rank for Prometheus: step and phase time, rolling windows, exporter health.
 
 Counters (``argus_step_seconds_total``, ``argus_phase_seconds_total``...) let rules compute
-rates; rolling-window gauges (min, median, max of the last N steps) keep a one-step spike
-visible even when it falls between two scrapes. Everything is produced by one custom
-collector at scrape time, labelled with the rank's identity (DESIGN.md). prometheus-client is
-optional: without it, ``StepMetrics`` still counts and ``serve`` says why it cannot listen.
+rates; rolling-window gauges (min, quartiles, median and max of the last N steps) keep a
+one-step spike visible even when it falls between two scrapes, and say how much each rank's
+steps vary. Everything is produced by one custom collector at scrape time, labelled with the
+rank's identity (DESIGN.md). prometheus-client is optional: without it, ``StepMetrics``
+still counts and ``serve`` says why it cannot listen.
 """
 
 from __future__ import annotations
@@ -144,10 +145,13 @@ class StepMetrics:
 
 
 def _stats(series: np.ndarray) -> list[tuple[str, float]]:
+    """min, quartiles, median and max of a window: the quartiles give the scorer each
+    median's noise (a rank whose steps vary widely has a median that wanders)."""
     if len(series) == 0:
         return []
-    return [("min", float(series.min())), ("median", float(np.median(series))),
-            ("max", float(series.max()))]
+    low, median, high = np.quantile(series, (0.25, 0.5, 0.75))
+    return [("min", float(series.min())), ("p25", float(low)), ("median", float(median)),
+            ("p75", float(high)), ("max", float(series.max()))]
 
 
 def serve(metrics: StepMetrics, port: int, addr: str, health: Health):

@@ -35,6 +35,12 @@ Exactly what a rank is flagged on (the recording rules reproduce this):
    A rank of a pair must also be confirmed by its partner waiting for it: the partner's slack
    (waiting in collectives plus time in no phase) exceeds the rank's by at least half of the
    rank's excess in the phase. Otherwise either member could be the odd one.
+   A rank's collective transfer is flagged only when its excess exceeds its waiting in
+   that collective (medians over the judged steps): the transfer is what is left once the
+   waiting for a late peer is taken out, the split is only as good as the arrival estimate
+   (uncertain by a share of the waiting), and in a collective whose members finish together
+   (all-reduce, all-gather, reduce-scatter) the waiting is all their times differ by. A
+   rank that waited longer than its excess is explained by the late peer, not the link.
 5. Whole groups (a slow link shared by the group): per collective phase, the group's median
    log transfer time per step minus the median over the axis's groups; same median over
    steps, pooled MAD, floor, ratio and z_family. Every member gets the finding.
@@ -169,13 +175,26 @@ class _Stats:
             self.tests = int(np.isfinite(self.s).sum())
 
 
+@dataclass(frozen=True)
+class WindowNoise:
+    """What a matrix of one "step" of window medians cannot show by itself: the step-to-step
+    noise of each rank's ln(phase time) within the window (ranks x phases, NaN unknown) and
+    the steps the window holds, from which each median's standard error follows."""
+
+    sigma: np.ndarray
+    steps: int
+
+
 def detect_l2(matrix: StepMatrix, coords: np.ndarray, steady: np.ndarray,
               config: L2Config | None = None, times: CollectiveTimes | None = None,
-              stage_class: np.ndarray | None = None) -> L2Result:
+              stage_class: np.ndarray | None = None,
+              window_noise: WindowNoise | None = None) -> L2Result:
     """Compare every rank's phases with its X-group peers on every axis of size > 1.
 
     ``steady`` marks the judged steps; ``stage_class[r]`` (optional) says which pipeline
     stages do alike work: ranks of different classes are not compared along pp.
+    ``window_noise``: the matrix holds one "step" of window medians (a metrics snapshot), and
+    each rank's median is judged with the standard error its window's noise gives.
     """
     config = config or L2Config()
     times = times if times is not None else collective_times(matrix, coords)
@@ -187,6 +206,9 @@ def detect_l2(matrix: StepMatrix, coords: np.ndarray, steady: np.ndarray,
         return result
     log_t = np.log(np.maximum(times.transfer[:, steady, :], MIN_SECONDS))  # NaN stays NaN
     slack = times.slack_s[:, steady]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a phase never recorded
+        waited = np.nan_to_num(nanmedian(times.wait[:, steady, :], axis=1))
     active = [a for i, a in enumerate(AXES) if len(np.unique(coords[:, i])) > 1]
     n_series = max(len(matrix.ranks) * len(names) * len(active), 1)
     onset_z = family_z(n_series * int(steady.sum()), config.alpha)
@@ -201,10 +223,11 @@ def detect_l2(matrix: StepMatrix, coords: np.ndarray, steady: np.ndarray,
                             dtype=np.int64)
         if len(compute_cols):
             stats += _rank_stats(log_t, slack, matrix, gid, compute_cols, axis, "compute",
-                                 config, onset_z, p_family)
+                                 config, onset_z, p_family, window_noise=window_noise)
         if len(own_cols):
             stats += _rank_stats(log_t, slack, matrix, gid, own_cols, axis, "communication",
-                                 config, onset_z, p_family, pairs=False)
+                                 config, onset_z, p_family, pairs=False, waited=waited,
+                                 window_noise=window_noise)
             stats += _group_stats(log_t, axis_groups(coords, axis), own_cols, axis, config,
                                   onset_z, p_family)
     tests = sum(st.tests for st in stats)
@@ -253,10 +276,12 @@ def _group_statistics(st: _Stats, config: L2Config, z_family: float) -> GroupSta
 
 
 def _series_stats(x: np.ndarray, config: L2Config, onset_z: float, p_family: float,
+                  known: tuple[np.ndarray, int] | None = None,
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(median of each row, onset index or -1, own floor of the spread) for (rows x steps)
     log ratios with NaN. The floor is sqrt(scale_floor^2 + se^2), se the standard error of
-    the row's median from its step-to-step noise."""
+    the row's median from its step-to-step noise: read off the steps, or for one or two
+    values (a snapshot of medians) ``known`` (each row's noise, the steps behind it)."""
     valid = ~np.isnan(x)
     median = nanmedian(x, axis=1)
     filled = np.where(valid, x, np.nan_to_num(median)[:, None])
@@ -270,7 +295,11 @@ def _series_stats(x: np.ndarray, config: L2Config, onset_z: float, p_family: flo
     used = np.maximum((later & valid).sum(axis=1), 2)
     if x.shape[1] >= 3:  # the noise comes from the series itself: widen it by Student's t
         se = 1.2533 * noise * t_widening(used - 1, p_family) / np.sqrt(used)
-    else:  # one or two values (a snapshot of medians): no step-to-step noise to read
+    elif known is not None:  # window medians: the noise their windows showed
+        sigma, steps = known
+        se = np.nan_to_num(1.2533 * sigma * t_widening(np.full(len(x), max(steps - 1, 1)),
+                                                       p_family) / np.sqrt(max(steps, 1)))
+    else:  # one or two values without their windows' noise
         se = np.zeros(len(x))
     floor = np.sqrt(config.scale_floor ** 2 + se ** 2)
     if not shifted.any():
@@ -319,8 +348,12 @@ def _pooled_sigma(s: np.ndarray, config: L2Config) -> float:
 
 def _rank_stats(log_t: np.ndarray, slack: np.ndarray, matrix: StepMatrix, gid: np.ndarray,
                 cols: np.ndarray, axis: str, kind: str, config: L2Config, onset_z: float,
-                p_family: float, pairs: bool = True) -> list[_Stats]:
-    """Every member of every group against its group's median (or its partner), per phase."""
+                p_family: float, pairs: bool = True,
+                waited: np.ndarray | None = None,
+                window_noise: WindowNoise | None = None) -> list[_Stats]:
+    """Every member of every group against its group's median (or its partner), per phase;
+    with ``waited`` (ranks x phases, seconds a step spent waiting), a statistic whose excess
+    is no more than the rank's waiting is not confirmed."""
     out = []
     pooled: dict[bool, list[_Stats]] = {False: [], True: []}
     for members in _groups_by_size(gid):
@@ -330,7 +363,10 @@ def _rank_stats(log_t: np.ndarray, slack: np.ndarray, matrix: StepMatrix, gid: n
         v = log_t[members][..., cols]  # groups x size x steps x cols
         ref = v[:, ::-1] if size == 2 else nanmedian(v, axis=1)[:, None]
         x = np.moveaxis(v - ref, 3, 2).reshape(-1, v.shape[2])  # (group, member, col) x steps
-        s, onset, floor = _series_stats(x, config, onset_z, p_family)
+        known = None
+        if window_noise is not None:
+            known = (window_noise.sigma[members][..., cols].reshape(-1), window_noise.steps)
+        s, onset, floor = _series_stats(x, config, onset_z, p_family, known)
         if size == 2:  # against the partner: two ranks' spreads
             floor = np.sqrt(floor ** 2 + config.scale_floor ** 2)
         rank = np.repeat(members.ravel(), len(cols))
@@ -338,6 +374,11 @@ def _rank_stats(log_t: np.ndarray, slack: np.ndarray, matrix: StepMatrix, gid: n
         confirmed = np.ones(len(s), dtype=bool)
         if size == 2:
             confirmed = _partner_waits(matrix, members, cols, slack, log_t)
+        if waited is not None:
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                own = nanmedian(np.exp(log_t[rank, :, col]), axis=1)
+            confirmed &= ~(own * -np.expm1(-s) <= waited[rank, col])
         stats = _Stats(axis, kind, rank, col, s, floor, onset, confirmed)
         if size >= 3:  # the groups' medians, for publishing (GroupStatistics)
             stats.members = members
@@ -392,19 +433,26 @@ def _group_stats(log_t: np.ndarray, gid: np.ndarray, cols: np.ndarray, axis: str
     return out
 
 
+def wait_share(matrix: StepMatrix, times: CollectiveTimes, steady: np.ndarray) -> np.ndarray:
+    """Ranks x phases: the share of each phase spent waiting for a late peer, median over
+    the judged steps (0 for compute phases, NaN where never recorded)."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a phase never recorded
+        return nanmedian(times.wait[:, steady, :] / matrix.phases[:, steady, :], axis=1)
+
+
 def _roles(matrix: StepMatrix, coords: np.ndarray, times: CollectiveTimes, steady: np.ndarray,
            config: L2Config) -> list[CollectiveRole]:
     """Waiters and the late arrivers they wait for, per collective phase and group."""
     roles = []
+    shares = wait_share(matrix, times, steady)
     for col, name in enumerate(matrix.phase_names):
         axis = phase_axis(name)
         if axis is None or axis not in AXES:
             continue
         gid = axis_groups(coords, axis)
-        time = matrix.phases[:, steady, col]
-        with np.errstate(all="ignore"):
-            share = nanmedian(times.wait[:, steady, col] / time, axis=1)
-        median_time = nanmedian(time, axis=1)
+        share = shares[:, col]
+        median_time = nanmedian(matrix.phases[:, steady, col], axis=1)
         for members in _groups_by_size(gid):
             if members.shape[1] < 2:
                 continue

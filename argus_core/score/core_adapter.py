@@ -163,10 +163,12 @@ def judge_phases(table: PhaseTable, config=None, stages: np.ndarray | None = Non
 
     Wall times are the ranks' median step times; device time is not read (its split of
     the step into host and idle time does not change who arrived last), so a rank's time in
-    no phase (wall - phases) counts as its idle time before any collective.
+    no phase (wall - phases) counts as its idle time before any collective. Each median is
+    judged with the standard error its window's noise gives (``table.noise``, from the
+    window's quartiles): a rank whose steps vary widely has a median that wanders.
     """
     from argus_core.detect.arrival import collective_times
-    from argus_core.detect.l2 import detect_l2
+    from argus_core.detect.l2 import WindowNoise, detect_l2
     from argus_core.detect.steps import StepMatrix
 
     n = len(table.ranks)
@@ -177,7 +179,11 @@ def judge_phases(table: PhaseTable, config=None, stages: np.ndarray | None = Non
     times = collective_times(matrix, table.coords)
     if table.minimum is not None:
         window_waits(times, matrix, table.coords, table.minimum)
-    return detect_l2(matrix, table.coords, np.ones(1, dtype=bool), config, times, stages)
+    noise = None
+    if table.noise is not None:
+        noise = WindowNoise(table.noise, RulesConfig.exporter_window_steps)
+    return detect_l2(matrix, table.coords, np.ones(1, dtype=bool), config, times, stages,
+                     noise)
 
 
 def window_waits(times, matrix, coords: np.ndarray, minimum: np.ndarray,

@@ -31,6 +31,8 @@ from argus_core.score.vector_columns import DecodeError, VectorColumns, is_int
 from argus_core.stats.grouping import dense_ids
 from argus_core.summaries import KernelSummary
 
+IQR_SIGMAS = 1.349  # a normal's interquartile range in standard deviations
+
 
 @dataclass
 class PhaseTable:
@@ -43,6 +45,7 @@ class PhaseTable:
     wall: np.ndarray | None = None  # per rank: median step wall time, NaN = not reported
     hosts: list[str] | None = None  # per rank: its host label
     minimum: np.ndarray | None = None  # ranks x phases: shortest time in the window (NaN)
+    noise: np.ndarray | None = None  # ranks x phases: sigma of ln(time) in the window (NaN)
 
 
 @dataclass
@@ -181,11 +184,13 @@ def rank_coords(info: list[dict]) -> dict[int, tuple[int, ...]]:
 
 
 def phase_table(series: list[dict], walls: list[dict] = (), orders: list[dict] = (),
-                minimums: list[dict] = ()) -> PhaseTable | None:
+                minimums: list[dict] = (), quartiles: list[dict] = ()) -> PhaseTable | None:
     """The ranks x phases matrix of phase medians, each rank's coordinates, host and median
     step time, with the phases in the order the ranks report (``argus_phase_order_info``;
-    the order most ranks report wins, phases no rank orders come last, by name), and the
-    shortest time of each phase in the window where ``minimums`` has it."""
+    the order most ranks report wins, phases no rank orders come last, by name), the
+    shortest time of each phase in the window where ``minimums`` has it, and the noise of
+    each phase's steps where ``quartiles`` (``stat`` p25 and p75) has both: the
+    normal-consistent spread of ln(time), ln(p75 / p25) / 1.349."""
     if not series:
         return None
     (rank_text, phase, host, *axes), values = label_columns(series, ("rank", "phase", "host",
@@ -216,7 +221,21 @@ def phase_table(series: list[dict], walls: list[dict] = (), orders: list[dict] =
         ok &= col >= 0
         minimum = np.full(table.shape, np.nan)
         minimum[found[ok], col[ok]] = min_s[ok]
-    return PhaseTable(ranks, names, table, coords, wall, hosts, minimum)
+    noise = None
+    if quartiles:
+        (q_rank, q_phase, q_stat), q_s = label_columns(list(quartiles), ("rank", "phase", "stat"))
+        found, ok = _rows(ranks, _ints(q_rank, "rank"))
+        col = np.fromiter((column.get(p, -1) for p in q_phase), np.int64, len(q_phase))
+        ok &= col >= 0
+        bounds = {}
+        for stat in ("p25", "p75"):
+            bounds[stat] = np.full(table.shape, np.nan)
+            mine = ok & (np.array(q_stat) == stat)
+            bounds[stat][found[mine], col[mine]] = q_s[mine]
+        with np.errstate(all="ignore"):
+            noise = np.log(bounds["p75"] / bounds["p25"]) / IQR_SIGMAS
+        noise[~np.isfinite(noise)] = np.nan
+    return PhaseTable(ranks, names, table, coords, wall, hosts, minimum, noise)
 
 
 def _rows(ranks: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -287,11 +306,12 @@ def fetch_job(api: PrometheusAPI, job: str, selector: str, window_s: float,
     orders = api.query(f"argus_phase_order_info{{{match}}}")
     minimums = api.query(f'argus_phase_window_seconds{{{match},stat="min",'
                          f'phase=~"({"|".join(AXES)})-.*"}}')
+    quartiles = api.query(f'argus_phase_window_seconds{{{match},stat=~"p25|p75"}}')
     steps = api.query(f"sum by (rank) (rate(argus_steps_total{{{match}}}[{rate_window}]))")
     (step_rank,), step_rate = label_columns(steps, ("rank",))
     return JobSnapshot(
         job=job, summary=summary, coords=coords,
-        phases=phase_table(phases, walls, orders, minimums),
+        phases=phase_table(phases, walls, orders, minimums, quartiles),
         steps_per_s=dict(zip(_ints(step_rank, "rank").tolist(), step_rate.tolist(),
                              strict=True)))
 

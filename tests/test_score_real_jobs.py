@@ -1,0 +1,117 @@
+"""The scorer on real jobs: every recording of a real torch job (tests/data/real_jobs) replayed
+through the exporters' own rolling windows (``StepMetrics``, what each rank serves Prometheus),
+and the scorer's judgement (``core_adapter.judge``) of the job at every scrape along the run.
+
+What Alertmanager would page on is what the scorer publishes: its L2 findings worth a page.
+On a real job a finding is on the faulty rank or it is a false page; the waiting ranks of a
+late or slow peer (whose collectives are mostly waiting) and healthy jobs' noise get none.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_real_jobs import EXPECTED, RECORDINGS, _case
+
+from argus_core.detect.steps import step_matrix
+from argus_core.reader import load_traces
+from argus_core.score.core_adapter import judge
+from argus_core.score.snapshot import JobSnapshot, concat, phase_table
+from argus_exporters.health import Health
+from argus_exporters.identity import RankIdentity
+from argus_exporters.metrics import StepMetrics
+
+WINDOW_STEPS = 32  # the exporters' default ARGUS_WINDOW_STEPS
+SCRAPE_EVERY = 8  # steps between two replayed scrapes
+
+
+def _series(families, wanted: dict[str, dict[str, str]]) -> dict[str, list[dict]]:
+    """The collector's samples as Prometheus query results, per metric name (with the
+    sample's labels matching ``wanted[name]``)."""
+    out: dict[str, list[dict]] = {name: [] for name in wanted}
+    for family in families:
+        for sample in family.samples:
+            match = wanted.get(sample.name)
+            if match is not None and all(sample.labels.get(k) == v for k, v in match.items()):
+                out[sample.name].append({"metric": dict(sample.labels),
+                                         "value": [0, repr(sample.value)]})
+    return out
+
+
+def scrapes(path: Path):
+    """(step, JobSnapshot) every ``SCRAPE_EVERY`` steps once the windows are full, and at the
+    last step:
+    each rank's recorded steps fed, in order, to its own exporter ``StepMetrics``."""
+    trace = next(iter(load_traces([path]).traces.values()))
+    matrix = step_matrix(trace.steps)
+    coords = trace.coords(matrix.ranks)
+    metrics = []
+    for i, rank in enumerate(matrix.ranks.tolist()):
+        info = trace.ranks.get(rank)
+        identity = RankIdentity(job=trace.job, rank=rank, world_size=len(matrix.ranks),
+                                local_rank=0, host=info.host if info else "vm",
+                                coords=dict(zip(("dp", "tp", "pp", "ep"), coords[i].tolist(),
+                                                strict=True)))
+        metrics.append(StepMetrics(identity, Health(), WINDOW_STEPS))
+    names = matrix.phase_names
+    last = matrix.phases.shape[1] - 1
+    for s in range(last + 1):
+        for i, m in enumerate(metrics):
+            if np.isnan(matrix.wall[i, s]):
+                continue
+            row = matrix.phases[i, s]
+            m.observe(float(matrix.wall[i, s]), float(np.nan_to_num(matrix.gpu[i, s])),
+                      {n: float(v) for n, v in zip(names, row, strict=True) if np.isfinite(v)})
+        if s != last and (s + 1 < WINDOW_STEPS or (s + 1) % SCRAPE_EVERY):
+            continue
+        wanted = {"argus_phase_window_seconds": {}, "argus_step_window_seconds":
+                  {"stat": "median"}, "argus_phase_order_info": {}}
+        series = {name: [] for name in wanted}
+        for m in metrics:
+            for name, found in _series(m.collect(), wanted).items():
+                series[name] += found
+        phases = series["argus_phase_window_seconds"]
+        table = phase_table([p for p in phases if p["metric"]["stat"] == "median"],
+                            series["argus_step_window_seconds"],
+                            series["argus_phase_order_info"],
+                            [p for p in phases if p["metric"]["stat"] == "min"
+                             and "-" in p["metric"]["phase"]],
+                            [p for p in phases if p["metric"]["stat"] in ("p25", "p75")])
+        yield s, JobSnapshot(job=trace.job, summary=concat([], {}, 60 * 10**9), phases=table,
+                             coords={int(r): tuple(c) for r, c in
+                                     zip(matrix.ranks.tolist(), coords.tolist(), strict=True)})
+
+
+@pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.name.split(".")[0])
+def test_the_scorer_pages_only_on_the_faulty_rank_of_a_real_job(path):
+    """No scrape of a real job gets a published L2 finding on a rank no fault touched: not
+    the waiting ranks of a late peer, not a healthy job's noise."""
+    faulty = set(EXPECTED[_case(path)])
+    judged = 0
+    for step, snapshot in scrapes(path):
+        judged += 1
+        false = [(f.rank, f.phase, f.kind, round(f.ratio, 2)) for f in judge(snapshot).phases
+                 if f.rank not in faulty]
+        assert not false, f"step {step}: {false}"
+    assert judged
+
+
+SUSTAINED_COMPUTE = sorted(case for case, expected in EXPECTED.items()
+                           if "compute" in expected.values() and not case.startswith("tail"))
+
+
+@pytest.mark.parametrize("case", SUSTAINED_COMPUTE)
+def test_the_scorer_names_a_real_jobs_slow_rank(case):
+    """A rank slowed for the whole run (extra compute, a CPU hog on its core) is published
+    as a compute finding in at least half of the scrapes of its recordings: the noise that
+    keeps healthy ranks quiet does not hide it."""
+    faulty = {r for r, cause in EXPECTED[case].items() if cause == "compute"}
+    found = judged = 0
+    for path in (p for p in RECORDINGS if _case(p) == case):
+        for _, snapshot in scrapes(path):
+            judged += 1
+            found += any(f.rank in faulty and f.kind == "compute"
+                         for f in judge(snapshot).phases)
+    assert judged and found >= judged / 2, f"{found} of {judged} scrapes"
