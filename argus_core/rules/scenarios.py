@@ -218,8 +218,8 @@ def scorer_series(series: list[Series], rules: RulesConfig) -> list[Series]:
     from argus_core.score.snapshot import phase_table
     from argus_core.taxonomy import is_comm_phase
 
-    wanted = {("argus_phase_window_seconds", "median"), ("argus_phase_window_seconds", "min"),
-              ("argus_step_window_seconds", "median"), ("argus_phase_order_info", None)}
+    wanted = {("argus_phase_window_seconds", stat) for stat in ("median", "min", "p25", "p75")}
+    wanted |= {("argus_step_window_seconds", "median"), ("argus_phase_order_info", None)}
     inputs = [s for s in series if (s.name, s.labels.get("stat")) in wanted]
     samples = len(series[0].values) if series else 0
     # The scorer's round is the processors' window, 1 m in production like ``slow_interval``.
@@ -235,7 +235,9 @@ def scorer_series(series: list[Series], rules: RulesConfig) -> list[Series]:
                             answer("argus_step_window_seconds", "median"),
                             answer("argus_phase_order_info", None),
                             [m for m in answer("argus_phase_window_seconds", "min")
-                             if is_comm_phase(m["metric"]["phase"])])
+                             if is_comm_phase(m["metric"]["phase"])],
+                            answer("argus_phase_window_seconds", "p25")
+                            + answer("argus_phase_window_seconds", "p75"))
         found = {}
         if table is not None and len(table.ranks) >= 2:
             job = inputs[0].labels["job"]
