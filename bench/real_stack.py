@@ -67,7 +67,7 @@ def run_case(name: str, minutes: float, workdir: Path) -> dict:
                               "--master-port", str(free_port()), str(SCRIPT)], env=env,
                              capture_output=True, text=True, timeout=minutes * 60 + 300)
         if job.returncode != 0:
-            raise RuntimeError(f"the job failed: {job.stderr[-2000:]}")
+            raise RuntimeError(f"the job failed: {job.stderr[-20000:]}")
         time.sleep(5)  # the last scrape, evaluation and notification
         fired = []
         alerts = Path(workdir / "alerts.ndjson")
