@@ -21,7 +21,7 @@ BUILDERS: dict[str, Callable[[], dm.Dashboard]] = {
     kernels.UID: kernels.build,
     pipeline.UID: pipeline.build,
 }
-"""Dashboard uid -> builder, in the order the README lists them."""
+"""Dashboard uid -> builder, in the order docs/dashboards.md lists them."""
 
 DASHBOARDS_DIR = "dashboards"
 PROVISIONING_FILE = "provisioning/dashboards/argus.yaml"

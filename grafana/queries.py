@@ -31,7 +31,7 @@ from argus_exporters.config import Settings
 EXPORTER, PROCESSOR, RULES, SCORER, ALERTS, PROMETHEUS = (
     "exporter", "processor", "rules", "scorer", "alerts", "prometheus")
 
-# -- scrape jobs (the local stack's Prometheus and the README's scrape config use these) --
+# -- scrape jobs (the local stack's Prometheus and docs/dashboards.md's scrape config use these) --
 EXPORTERS_SCRAPE_JOB = "argus-exporters"
 PROCESSOR_SCRAPE_JOB = "argus-processor"
 SCORER_SCRAPE_JOB = "argus-scorer"

@@ -1,4 +1,4 @@
-"""Draw a dashboard's panels with matplotlib from the same queries, so the README can show them.
+"""Draw a dashboard's panels with matplotlib from the same queries, for docs/dashboards.md.
 
 No Grafana runs here, so this is a reader's preview, not a screenshot: every panel's queries go
 to Prometheus exactly as :mod:`argus_grafana.check` sends them, and each panel type gets a

@@ -1,5 +1,5 @@
-"""The README's dashboard previews (argus_grafana.render): a matrix panel whose query returns
-nothing is drawn as "No data" instead of stopping the whole rendering."""
+"""The dashboard previews of docs/dashboards.md (argus_grafana.render): a matrix panel whose
+query returns nothing is drawn as "No data" instead of stopping the whole rendering."""
 
 from __future__ import annotations
 

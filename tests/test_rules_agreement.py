@@ -8,7 +8,7 @@ Random specs draw a topology and one fault (compute, stall, link, one rank's lin
 a spec whose findings move when the core's thresholds move by a small margin
 (``scenarios.margins``) is redrawn: there the core's whole-run estimators and the rules'
 rolling windows may legitimately decide differently. ``ARGUS_AGREEMENT_SEEDS=N`` runs N seeds
-(CI runs a few; the README gives the count run before a release)."""
+(CI runs a few; docs/rules.md gives the count run before a release)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,8 @@ from argus_core.rules.config import format_duration
 from argus_core.stack.stack import Stack, StackConfig
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGE_BOUND_S = 90.0  # fault onset -> ArgusStragglerRank at the webhook (README; ~50 s measured)
+# fault onset -> ArgusStragglerRank at the webhook (README tour, docs/deploying.md; ~50 s measured)
+PAGE_BOUND_S = 90.0
 JOBS = ("compute-straggler", "link-degradation", "jit-stall", "healthy")
 
 

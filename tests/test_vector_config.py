@@ -242,11 +242,11 @@ def test_merging_files_refuses_a_component_defined_twice():
         vconfig.merge([("agent.yaml", agent), ("extra.yaml", clash)])
 
 
-def test_the_readmes_deployment_snippets_run_the_default_mode():
-    """The README's systemd unit and DaemonSet start Vector with exactly the default mode's
-    files, and the DaemonSet is valid YAML; docs cannot drift from the configs."""
-    readme = (vconfig.REPO / "README.md").read_text()
-    blocks = re.findall(r"```(\w+)\n(.*?)```", readme, re.S)
+def test_the_deployment_docs_snippets_run_the_default_mode():
+    """docs/deploying.md's systemd unit and DaemonSet start Vector with exactly the default
+    mode's files, and the DaemonSet is valid YAML; docs cannot drift from the configs."""
+    page = (vconfig.REPO / "docs" / "deploying.md").read_text()
+    blocks = re.findall(r"```(\w+)\n(.*?)```", page, re.S)
     (daemonset,) = [yaml.safe_load(body) for lang, body in blocks
                     if lang == "yaml" and "kind: DaemonSet" in body]
     containers = {c["name"]: c for c in daemonset["spec"]["template"]["spec"]["containers"]}

@@ -1,4 +1,4 @@
-"""Everything ``argus processor`` can be told, with the defaults the README documents."""
+"""Everything ``argus processor`` can be told, with the defaults docs/processor.md documents."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ the processor find that window's file in the trace store and answer with it:
 - ``GET /v1/traces/perfetto?job=J&rank=R&at=T``: a redirect that opens the same file in the
   Perfetto UI (``https://ui.perfetto.dev/#!/?url=...``, or ``ARGUS_PERFETTO_UI``). The UI
   fetches the file from the browser: the bucket (or this processor) must allow that origin
-  (CORS, see the README), and be reachable by HTTPS (or on localhost). For a file store the
+  (CORS, see docs/dashboards.md), and be reachable by HTTPS (or on localhost). For a file store the
   URL is this processor's ``/v1/traces/file/KEY`` under ``ARGUS_PUBLIC_URL`` when set, else
   under the local address the request's connection reached (never the ``Host`` header, which
   the client chooses).

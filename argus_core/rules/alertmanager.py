@@ -1,7 +1,7 @@
 """The Alertmanager example: routes by ``level`` and ``severity``, one group per training job,
 inhibition that cannot hide an incident, webhook receivers.
 
-Inhibition (argued in the README's runbook) hides a target only where its source explains it
+Inhibition (argued in docs/runbook.md) hides a target only where its source explains it
 by construction (``INHIBITIONS``), and each rule is built so that it cannot hide an incident:
 
 - the target is a ticket (``severity="warning"``), never a page. The page a symptom raises

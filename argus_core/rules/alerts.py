@@ -2,7 +2,7 @@
 L3 (kernel straggler, from the scorer) and the pipeline's own health.
 
 Every alert has ``severity``, ``level``, a static ``summary``, a ``description`` naming the job,
-rank, phase or kernel and the ratio, and a ``runbook_url`` into the README's runbook. Per-rank
+rank, phase or kernel and the ratio, and a ``runbook_url`` into docs/runbook.md. Per-rank
 arithmetic happens here, after a comparison with a small recorded threshold has already
 reduced each 10,000-rank vector to the ranks that stand out.
 """

@@ -47,6 +47,8 @@ def _duration(text: str, default: float, scaled: bool = True):
     return _doc(text, default, duration=True, scaled=scaled)
 
 
+RUNBOOK_PATH = "docs/runbook.md"  # the runbook's page, relative to the repository root
+
 LOOKBACK_S = 300.0  # Prometheus's lookback delta: a remote-written series without staleness
 # markers stays visible this long after its last sample
 
@@ -84,9 +86,11 @@ class RulesConfig:
                                  "(pp, pairs and collectives are the scorer's): drop the ones "
                                  "whose groups are pairs in your jobs, each costs three passes "
                                  "over every rank's phases", PROMQL_AXES)
-    runbook_url: str = _doc("where the README's runbook lives (each alert links to its "
-                            "section); point it at your copy",
-                            "https://github.com/argus-failslow/argus/blob/main/README.md")
+    runbook_url: str = _doc("the runbook, one section per alert: each alert's runbook_url is "
+                            "this + '#' + its name in lower case. The default is the page's "
+                            "path in this repository; point it at where your copy of "
+                            "docs/runbook.md is served (a wiki, your Git host)",
+                            RUNBOOK_PATH)
 
     # -- timing -----------------------------------------------------------------------------
     evaluation_interval: float = _duration("evaluation interval of the groups that watch every "
@@ -322,6 +326,33 @@ def defaults_yaml() -> str:
             shown = _yaml_scalar(value)
         lines.append(f"{f.name}: {shown}")
     return "\n".join(lines) + "\n"
+
+
+def reference_markdown() -> str:
+    """The config reference of docs/rules.md: every setting (selectors as ``selectors.NAME``),
+    its default as the defaults file writes it, and what it does, from the fields' own docs."""
+    config = RulesConfig()
+    rows = ["| key | default | meaning |", "| --- | --- | --- |"]
+
+    def row(name: str, shown: str, doc: str) -> None:
+        cells = (f"`{name}`", f"`{shown}`", doc)
+        rows.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+
+    for f in dataclasses.fields(Selectors):
+        row(f"selectors.{f.name}", _yaml_scalar(getattr(config.selectors, f.name)),
+            f.metadata["doc"])
+    for f in dataclasses.fields(RulesConfig):
+        if f.name == "selectors":
+            continue
+        value = getattr(config, f.name)
+        if f.metadata.get("duration"):
+            shown = format_duration(value)
+        elif isinstance(value, tuple):
+            shown = "[" + ", ".join(value) + "]"
+        else:
+            shown = _yaml_scalar(value)
+        row(f.name, shown, f.metadata["doc"])
+    return "\n".join(rows) + "\n"
 
 
 def _yaml_scalar(value) -> str:
