@@ -53,6 +53,7 @@ class Case:
     expected: dict[int, str] = field(default_factory=dict)
     zero_code: bool = False  # ``argus run`` instead of the one-line instrument
     script: Path = SCRIPT
+    known_limit: str = ""  # why this case is not diagnosed as expected yet (docs/limits.md)
 
 
 def _fault(rank: int, kind: str, seconds: float, **extra: str) -> dict[str, str]:
@@ -78,14 +79,16 @@ CASES = [
     Case("hog-2", 2, _fault(1, "hog", 0.0, ARGUS_TEST_PIN="1"), {1: "compute"}),
     Case("tail-4", 4, _fault(1, "tail", 0.08, ARGUS_TEST_TAIL_SHARE="0.1"), {1: "compute"}),
 ]
+COMPILED_FUNCOL = ("the all-to-all inside the compiled forward is traced into the graph "
+                   "(a functional collective) and runs untimed: its waiting counts as forward")
 PARALLEL_RANKS = {"ddp": 2, "fsdp2": 2, "tp": 2, "moe": 2, "pp": 4}  # pp: 2 stages x 2 dp
 
 
 def _parallel_cases() -> list[Case]:
     """Every parallelism (``tests/scripts/parallel_train.py``) healthy, with a late rank (a
     host sleep before each forward) and a slow one (extra compute in forward), one-line; the
-    slow ones also zero-code. Rank 1 is the faulty one, from step 10 on, 20 ms a step; the
-    model is 256 wide (steps of ~4-10 ms on a shared core)."""
+    slow ones also zero-code; each of the three also compiled. Rank 1 is the faulty one,
+    from step 10 on, 20 ms a step; the model is 256 wide (steps of ~4-10 ms on a shared core)."""
     cases = []
     for parallel, ranks in PARALLEL_RANKS.items():
         base = {"ARGUS_TEST_PARALLEL": parallel, "ARGUS_TEST_FROM": "10",
@@ -99,6 +102,17 @@ def _parallel_cases() -> list[Case]:
                        script=PARALLEL_SCRIPT),
                   Case(f"{parallel}-slow-{ranks}-zero-code", ranks, slow, {1: "compute"},
                        zero_code=True, script=PARALLEL_SCRIPT)]
+        # compiled (torch.compile, eager backend): instrumented then compiled, and the
+        # compiled model instrumented
+        limit = COMPILED_FUNCOL if parallel == "moe" else ""
+        cases += [Case(f"{parallel}-healthy-{ranks}-compiled", ranks,
+                       {**base, "ARGUS_TEST_COMPILE": "1"}, script=PARALLEL_SCRIPT),
+                  Case(f"{parallel}-late-{ranks}-compiled", ranks,
+                       {**late, "ARGUS_TEST_COMPILE": "1"}, {1: "host"}, script=PARALLEL_SCRIPT,
+                       known_limit=limit),
+                  Case(f"{parallel}-slow-{ranks}-compiled-first", ranks,
+                       {**slow, "ARGUS_TEST_COMPILE": "first"}, {1: "compute"},
+                       script=PARALLEL_SCRIPT, known_limit=limit)]
     return cases
 
 
@@ -198,6 +212,8 @@ def main() -> None:
             outcome["run"] = run
             results.append(outcome)
             mark = "ok " if outcome["as_expected"] else "BAD"
+            if case.known_limit:
+                mark += f" (known limit: {case.known_limit})"
             print(f"{mark} run {run} {case.name}: {outcome['verdicts']} "
                   f"{'; '.join(outcome['evidence'])[:300]}", file=sys.stderr, flush=True)
     missed = sorted({r["case"] for r in results if not r["as_expected"]})

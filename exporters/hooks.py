@@ -34,15 +34,21 @@ _TIMED = "_argus_timed"  # marks a comm hook that already times itself
 
 
 def instrument(model: Any, optimizer: Any, tracer: Tracer | NoOpTracer) -> list[Any]:
-    """Register the hooks; returns their handles (call ``.remove()`` on each to undo)."""
+    """Register the hooks; returns their handles (call ``.remove()`` on each to undo).
+
+    ``model`` may be already compiled (``torch.compile(model)``): its hooks run in eager mode
+    around the compiled module, and a DDP module inside it gets its comm hook."""
     if not tracer.enabled:
         return []
     collectives.learn_existing_meshes(collectives.install(tracer))
     _compiling()  # bound now, in eager mode: never first looked up while dynamo traces
     handles = []
     eager: list[Callable] = []  # pre-hooks a compiled wrapper of the model runs for it
-    if _is_ddp(model):
-        handles += instrument_ddp_comm(model, tracer, eager)
+    inner = getattr(model, "_orig_mod", model)  # given torch.compile(model): the module in it
+    if _is_ddp(inner):
+        handles += instrument_ddp_comm(inner, tracer, eager)
+        if inner is not model:  # dynamo traces the module's hooks: the wrapper runs them
+            handles += [model.register_forward_pre_hook(pre) for pre in eager]
     state: dict[str, Any] = {"depth": 0}
 
     def forward_pre(module, args):

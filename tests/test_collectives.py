@@ -289,11 +289,12 @@ def test_every_parallelism_gets_exactly_its_verdict(case, tmp_path):
         r: learned(r) for r in range(case.ranks)}  # from the meshes' named dimensions
 
 
-def _graph_breaks(tmp_path, parallel: str, argus: bool, fault: dict) -> tuple[dict, Path]:
+def _graph_breaks(tmp_path, parallel: str, argus: bool, fault: dict,
+                  compile_mode: str = "1") -> tuple[dict, Path]:
     counters = tmp_path / f"counters-{argus}"
     spool = tmp_path / f"spool-{argus}"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ARGUS_TEST_PARALLEL": parallel,
-           "ARGUS_TEST_STEPS": str(STEPS), "ARGUS_TEST_COMPILE": "1",
+           "ARGUS_TEST_STEPS": str(STEPS), "ARGUS_TEST_COMPILE": compile_mode,
            "ARGUS_TEST_COUNTERS": str(counters), **fault}
     if argus:
         env.update(ARGUS_ENABLED="1", ARGUS_TEST_INSTRUMENT="1", ARGUS_JOB="compiled",
@@ -305,16 +306,21 @@ def _graph_breaks(tmp_path, parallel: str, argus: bool, fault: dict) -> tuple[di
     return json.loads(Path(f"{counters}.0.json").read_text()), spool
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp2", "tp"])
-def test_a_compiled_model_is_diagnosed_without_graph_breaks_of_argus(parallel, tmp_path):
-    """``torch.compile`` after ``instrument``: the slow rank is found, and dynamo reports no
-    graph-break reason that the same job without Argus does not have."""
+@pytest.mark.parametrize(("parallel", "compile_mode"),
+                         [("ddp", "1"), ("fsdp2", "1"), ("tp", "1"), ("ddp", "first")])
+def test_a_compiled_model_is_diagnosed_without_graph_breaks_of_argus(parallel, compile_mode,
+                                                                     tmp_path):
+    """``torch.compile`` after ``instrument`` (or ``instrument`` of the compiled model, whose
+    DDP module inside still gets its comm hook): the slow rank is found, and dynamo reports
+    no graph-break reason that the same job without Argus does not have."""
     fault = {"ARGUS_TEST_SLOW_RANK": "1", "ARGUS_TEST_FAULT": "compute",
              "ARGUS_TEST_SLEEP_S": "0.02"}
-    plain, _ = _graph_breaks(tmp_path, parallel, False, fault)
-    traced, spool = _graph_breaks(tmp_path, parallel, True, fault)
+    plain, _ = _graph_breaks(tmp_path, parallel, False, fault, compile_mode)
+    traced, spool = _graph_breaks(tmp_path, parallel, True, fault, compile_mode)
     assert set(traced["reasons"]) <= set(plain["reasons"])
     from argus_core.detect.diagnose import diagnose
 
-    doc = diagnose(load_traces([spool]).traces["compiled"]).to_json()
+    trace = load_traces([spool]).traces["compiled"]
+    assert parallel != "ddp" or "dp-allreduce" in trace.steps.phase_names
+    doc = diagnose(trace).to_json()
     assert {v["rank"]: v["cause"] for v in doc["verdict"]} == {1: "compute"}

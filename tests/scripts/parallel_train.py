@@ -12,8 +12,9 @@ ARGUS_TEST_PARALLEL picks how the model is split across the ranks:
   there and back, in forward and backward (a custom autograd function, as MoE libraries do).
 
 ARGUS_TEST_INSTRUMENT=1 uses the one-line API; otherwise the script has no Argus code (for
-``argus run``). ARGUS_TEST_COMPILE=1 compiles the model (``torch.compile``, eager backend;
-after ``instrument``), and ARGUS_TEST_COUNTERS=PATH writes dynamo's graph breaks to
+``argus run``). ARGUS_TEST_COMPILE=1 compiles the model (``torch.compile``, eager backend)
+after ``instrument``, ARGUS_TEST_COMPILE=first before it (``instrument`` is then given the
+compiled model), and ARGUS_TEST_COUNTERS=PATH writes dynamo's graph breaks to
 PATH.RANK.json.
 One fault on rank ARGUS_TEST_SLOW_RANK from step ARGUS_TEST_FROM on, ARGUS_TEST_SLEEP_S long:
 ``host`` (late: a sleep before every forward) or ``compute`` (slow: extra matrix products in
@@ -132,11 +133,14 @@ first = {"ddp": lambda: model.module[0], "moe": lambda: model.router}.get(PARALL
                                                                           lambda: model[0])()
 first.register_forward_pre_hook(lambda module, args: _fault("compute"))  # inside forward
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+COMPILE = os.environ.get("ARGUS_TEST_COMPILE", "")
+if COMPILE == "first":
+    model = torch.compile(model, backend="eager")
 if os.environ.get("ARGUS_TEST_INSTRUMENT") == "1":
     import argus_exporters
 
     argus_exporters.instrument(model, optimizer)
-if os.environ.get("ARGUS_TEST_COMPILE") == "1":
+if COMPILE == "1":
     model = torch.compile(model, backend="eager")
 
 
