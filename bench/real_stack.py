@@ -7,7 +7,7 @@ the scorer, S3 on loopback; time scale 15) and one real 4-rank torch DDP job on 
 (``tests/scripts/ddp_train.py``, the one-line instrument) posting its records to the stack's
 sink and serving its metrics to the stack's Prometheus (``argus stack targets``), for
 --minutes. ``straggler``: rank 1 sleeps 30 ms in every forward (a compute straggler, the
-README's "ArgusStragglerRank" case); ``healthy``: nothing. What reached Alertmanager's webhook
+runbook's "ArgusStragglerRank" case); ``healthy``: nothing. What reached Alertmanager's webhook
 is then compared with what should have: the straggler's ArgusStragglerRank for rank 1 and
 no other fail-slow alert; nothing fail-slow for the healthy job. The last line (--json) is
 ``{"cases": {NAME: {"fail_slow": [[alert, rank], ...], "as_expected": bool, "first_s": ...}},

@@ -1,4 +1,4 @@
-"""Render every Argus dashboard's panels as PNGs, from their own queries, for the README.
+"""Render every Argus dashboard's panels as PNGs, from their own queries, for docs/dashboards.md.
 
     python bench/render_dashboards.py [--out docs/dashboards] [--minutes 30]
                                       [--rules recording_rules/argus.rules.yml ...] [--json]

@@ -615,3 +615,15 @@ def test_stack_targets_writes_what_prometheus_discovers(tmp_path, capsys):
     assert main(["stack", "targets", "--workdir", str(tmp_path), "--job", "ddp",
                  "--ports", "9105-9100"]) == 2
     assert "--ports '9105-9100'" in capsys.readouterr().err
+
+
+def test_a_reader_that_goes_away_ends_the_output_quietly():
+    """``argus diagnose --json | head -c 10``: a pipe closed by its reader ends the command
+    with status 141 (as a shell would), with no traceback."""
+    recording = Path(__file__).parent / "data" / "real_jobs" / "healthy-8.ndjson.gz"
+    proc = subprocess.Popen([sys.executable, "-m", "argus_core.cli", "diagnose", "--json",
+                             str(recording)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the document is written
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, stderr
+    assert "Traceback" not in stderr

@@ -4,6 +4,7 @@ point also works in a training image that installed only the ``exporters`` extra
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from argus_core import __version__
@@ -48,3 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (``argus diagnose --json | head``)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second error when Python flushes at exit
+        return 141

@@ -57,8 +57,8 @@ class DiagnoseConfig:
             target = getattr(config, level) if level else config
             if not dataclasses.is_dataclass(target) or name not in {
                     f.name for f in dataclasses.fields(target)}:
-                raise ValueError(f"{setting!r}: no threshold {key.strip()!r} (see the README's "
-                                 f"thresholds table)")
+                raise ValueError(f"{setting!r}: no threshold {key.strip()!r} (see the "
+                                 f"thresholds table in docs/diagnosis.md)")
             current = getattr(target, name)
             try:
                 value = (text.strip().lower() in ("1", "true", "yes") if isinstance(current, bool)
