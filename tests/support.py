@@ -25,3 +25,11 @@ def wait_for(condition, what: str, timeout: float = 90.0, poll_s: float = 0.05):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(poll_s)
+
+
+def seeds(default: int) -> range:
+    """Seeds a statistical test runs over: ``default`` in CI, ``ARGUS_TEST_SEEDS`` when set
+    (a larger count for a thorough run)."""
+    import os
+
+    return range(int(os.environ.get("ARGUS_TEST_SEEDS", default)))
