@@ -1,6 +1,6 @@
 """Benchmark: the exporter's cost per training step on CPU, and flat memory over 10,000 steps.
 
-    python bench/exporter_cpu.py [--steps 10000] [--json]
+    python bench/exporter_cpu.py [--steps 10000] [--json] [--probe-only] [--against [REV]]
 
 A stand-in training step (single-threaded numpy matmuls, ~2 ms) runs with four phases per
 step (forward, backward, dp-allreduce, optimizer). Overhead: 20 interleaved pairs of 200-step
@@ -15,14 +15,38 @@ then waited) with the hooks uninstalled (the baseline) and installed;
 ``collective_*_overhead_cpu_us`` is the median of the pairs' differences in the training
 thread's CPU time per call (its wall time is dominated by gloo's hand-off to its worker
 thread, tens of us that vary more than the hooks cost).
+
+The phase probe on a device clock, without a device (first, and alone with ``--probe-only``):
+``CudaClock`` over ``StandInCuda``, a ``torch.cuda`` with the same call pattern (record /
+query / elapsed_time per event, raw ``cuda_event`` handles) and per-call costs calibrated on
+the H200 (``--mark-us``, ``--query-us``, ``--elapsed-us``: spins that hold the GIL, as torch's
+methods do; the ctypes reader's calls release it for the driver's time). A step is forward,
+backward with ``--buckets`` DDP-like gradient buckets (the ``dp-allreduce`` span phase) and
+optimizer. ``train_thread_us_per_step``: the training thread's extra CPU a step against
+NoOpTracer, median of ``--probe-pairs`` interleaved pairs of ``--probe-steps``-step
+segments (``train_thread_us_per_mark``: per tracer call); ``resolver_gil_us_per_step``: the
+resolver thread's CPU a step (its GIL hold: the stand-in's released calls cost it nothing
+else); event records and reads a step. ``torch_reader``: the same through torch's methods
+(the fallback without libcudart). ``--against REV`` (default: main before the bulk probe)
+extracts REV's ``exporters/`` with ``git archive`` and runs the same measurement with it and
+with this tree, alternating subprocesses, and reports both and this tree's ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import inspect
+import json
 import os
+import subprocess
+import sys
 import tempfile
+import threading
 import time
+import types
+from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # a deterministic, one-core stand-in step
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -36,6 +60,7 @@ from argus_exporters.identity import RankIdentity
 from argus_exporters.tracer import NoOpTracer, Tracer
 
 PHASES = ("forward", "backward", "dp-allreduce", "optimizer")
+PREVIOUS_PROBE = "fe8fdb151398e23edf452a85d80885af5d09adf3"  # main before the bulk probe
 
 
 def rss_mb() -> float:
@@ -117,12 +142,272 @@ def collective_cost(pairs: int, calls: int = 2000) -> dict:
     return out
 
 
+# -- the phase probe's cost on a device clock, with CUDA stood in ----------------------------
+BUCKETS = 4  # DDP-like gradient buckets inside backward: one span phase, dp-allreduce
+# Per-call costs of the stand-in CUDA, calibrated on the H200 (docs/BENCHMARKS.md, "GPU"):
+# torch's Event.query / elapsed_time ~3.8 us each, the GIL held; one Event.record ~1 us on the
+# training thread ((104 - 89) us / 8 marks for the old probe's phases with its resolver parked,
+# less ~0.9 us of its Python bookkeeping a mark).
+MARK_US, QUERY_US, ELAPSED_US = 1.0, 3.8, 3.8
+
+
+def _spin(us: float) -> None:
+    """Busy-wait ``us`` microseconds holding the GIL (a call into torch's C++ that holds it)."""
+    if us > 0:
+        end = time.perf_counter_ns() + int(us * 1e3)
+        while time.perf_counter_ns() < end:
+            pass
+
+
+class StandInCuda:
+    """A ``torch`` whose ``cuda`` has CudaClock's call pattern and calibrated costs: events
+    record (``mark_us``), query (``query_us``) and elapse (``elapsed_us``) by spinning with the
+    GIL held, as torch's methods do; the device runs each event when it is recorded. Each
+    event has a raw handle (``cuda_event``) that ``StandInCudart`` reads."""
+
+    def __init__(self, mark_us: float, query_us: float, elapsed_us: float):
+        outer = self
+        self.handles: dict[int, Any] = {}
+        self.records = 0  # Event.record calls (training thread)
+        self.reads = 0  # query / elapsed_time calls, through torch or the runtime
+
+        class Stream:
+            cuda_stream = 7
+
+            def __init__(self, device: int = 0):
+                self.device = device
+
+        default = Stream()
+
+        class Event:
+            def __init__(self, enable_timing: bool = True):
+                self.t = 0
+                self.cuda_event = 0x1000 + len(outer.handles)
+                outer.handles[self.cuda_event] = self
+
+            def record(self, stream=None) -> None:
+                outer.records += 1
+                _spin(mark_us)
+                self.t = time.perf_counter_ns()
+
+            def query(self) -> bool:
+                outer.reads += 1
+                _spin(query_us)
+                return True
+
+            def elapsed_time(self, end) -> float:
+                outer.reads += 1
+                _spin(elapsed_us)
+                return (end.t - self.t) * 1e-6
+
+            def synchronize(self) -> None:
+                pass
+
+        self.cuda = types.SimpleNamespace(Event=Event, Stream=Stream,
+                                          current_stream=lambda: default,
+                                          current_device=lambda: 0)
+
+
+def stand_in_cudart(cuda: StandInCuda) -> Any:
+    """A CUDA runtime for ``CudartEvents`` over ``cuda``'s events: each call makes one real
+    ctypes call that releases the GIL (libc ``labs``, for the driver's time) and reads the
+    stand-in event in Python (more GIL than a real ctypes call into libcudart: conservative)."""
+    labs = ctypes.CDLL(None).labs
+    labs.argtypes, labs.restype = [ctypes.c_long], ctypes.c_long
+    handles = cuda.handles
+
+    def cudaEventQuery(handle: int) -> int:  # noqa: N802  (the runtime's names)
+        cuda.reads += 1
+        labs(handle)
+        return 0
+
+    def cudaEventElapsedTime(ms: Any, start: int, end: int) -> int:  # noqa: N802
+        cuda.reads += 1
+        labs(start)
+        ms._obj.value = (handles[end].t - handles[start].t) * 1e-6
+        return 0
+
+    return types.SimpleNamespace(cudaEventQuery=cudaEventQuery,
+                                 cudaEventElapsedTime=cudaEventElapsedTime)
+
+
+def probe_step(tracer, work: np.ndarray, buckets: int) -> None:
+    """One stand-in step: forward, backward with ``buckets`` DDP-like gradient buckets
+    (``dp-allreduce``, a span phase as ``hooks.ddp_comm_hook`` times it), optimizer."""
+    token = tracer.begin_phase("forward")
+    np.dot(work, work)
+    tracer.end_phase(token)
+    backward = tracer.begin_phase("backward")
+    for _ in range(buckets):
+        np.dot(work, work)
+        bucket = tracer.begin_phase("dp-allreduce", span=True)
+        tracer.end_phase(bucket)
+    tracer.end_phase(backward)
+    token = tracer.begin_phase("optimizer")
+    np.dot(work, work)
+    tracer.end_phase(token)
+    tracer.step()
+
+
+def _thread_cpu(thread: threading.Thread) -> float:
+    """CPU seconds ``thread`` has used (Linux thread CPU clock)."""
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+
+
+def probe_cost(pairs: int, steps: int, buckets: int = BUCKETS, mark_us: float = MARK_US,
+               query_us: float = QUERY_US, elapsed_us: float = ELAPSED_US,
+               reader: str = "cudart") -> dict:
+    """The training thread's extra CPU a step (against NoOpTracer, interleaved pairs of
+    ``steps``-step segments, median) and the resolver thread's CPU a step (its GIL hold: what
+    it does without the GIL costs no CPU here), on a CudaClock over ``StandInCuda``.
+    ``reader``: ``cudart`` (ctypes, GIL released) or ``torch`` (events' methods); a probe
+    whose CudaClock predates readers always reads through the events' methods."""
+    from argus_exporters.clock import CudaClock
+
+    cuda = StandInCuda(mark_us, query_us, elapsed_us)
+    kwargs: dict[str, Any] = {}
+    parameters = inspect.signature(CudaClock).parameters
+    if "events" in parameters:
+        from argus_exporters.clock import CudartEvents, TorchEvents
+
+        kwargs["events"] = (CudartEvents(stand_in_cudart(cuda)) if reader == "cudart"
+                            else TorchEvents())
+    else:
+        reader = "torch (this probe's only way)"
+    clock = CudaClock(cuda, pool_size=4 * (8 + 2 * buckets), **kwargs)
+    work = np.random.default_rng(0).random((48, 48))
+    noop = NoOpTracer()
+    with tempfile.TemporaryDirectory() as spool:
+        settings = Settings(enabled=True, sink=f"file://{spool}", flush_s=0.5)
+        identity = RankIdentity("bench", 0, 1, 0, "localhost",
+                                {"dp": 0, "tp": 0, "pp": 0, "ep": 0})
+        tracer = Tracer(settings, identity, clock=clock)
+        resolver = tracer._resolver
+
+        def segment(which) -> float:
+            c0 = time.thread_time()
+            for _ in range(steps):
+                probe_step(which, work, buckets)
+            return time.thread_time() - c0
+
+        def drain() -> None:  # let the resolver thread resolve everything pending
+            deadline = time.monotonic() + 30
+            while tracer._pending and time.monotonic() < deadline:
+                tracer._wake.set()
+                time.sleep(0.005)
+
+        segment(tracer)  # warm: the pool, the resolver, the sink
+        segment(noop)
+        drain()
+        extra, gil = [], []
+        records0, reads0 = cuda.records, cuda.reads
+        for _ in range(pairs):
+            base = segment(noop)
+            r0 = _thread_cpu(resolver)
+            on = segment(tracer)
+            drain()
+            gil.append((_thread_cpu(resolver) - r0) / steps * 1e6)
+            extra.append((on - base) / steps * 1e6)
+        records, reads = cuda.records - records0, cuda.reads - reads0
+        shipped = tracer.health.records_shipped
+        tracer.shutdown()
+    calls = 2 * 3 + 2 * buckets + 1  # begin/end of forward, backward, optimizer, buckets; step
+    train = float(np.median(extra))
+    return {"train_thread_us_per_step": train,
+            "train_thread_us_per_step_iqr": [float(np.percentile(extra, 25)),
+                                             float(np.percentile(extra, 75))],
+            "train_thread_us_per_mark": train / calls,
+            "resolver_gil_us_per_step": float(np.median(gil)),
+            "resolver_gil_us_per_step_iqr": [float(np.percentile(gil, 25)),
+                                             float(np.percentile(gil, 75))],
+            "probe_event_records_per_step": records / (steps * pairs),
+            "probe_event_reads_per_step": reads / (steps * pairs),
+            "probe_reader": reader, "probe_steps": steps, "probe_pairs": pairs,
+            "probe_buckets": buckets, "probe_calls_per_step": calls,
+            "probe_costs_us": {"mark": mark_us, "query": query_us, "elapsed": elapsed_us},
+            "probe_records": shipped}
+
+
+def against(rev: str, args: argparse.Namespace) -> dict:
+    """The same probe measurement with the exporters of ``rev`` (``git archive`` into a temp
+    dir, imported through PYTHONPATH) and with this tree's, alternating in subprocesses;
+    medians of the rounds and this tree's ratio to ``rev``'s."""
+    bench = Path(__file__).resolve().parent
+    repo = bench.parent
+    options = ["--probe-only", "--json", "--probe-steps", str(args.probe_steps),
+               "--probe-pairs", str(args.probe_pairs), "--buckets", str(args.buckets),
+               "--mark-us", str(args.mark_us), "--query-us", str(args.query_us),
+               "--elapsed-us", str(args.elapsed_us)]
+    with tempfile.TemporaryDirectory() as tmp:
+        commit = subprocess.run(["git", "rev-parse", rev], cwd=repo, check=True, text=True,
+                                capture_output=True).stdout.strip()
+        archive = subprocess.run(["git", "archive", commit, "exporters"], cwd=repo,
+                                 check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        os.symlink(Path(tmp) / "exporters", Path(tmp) / "argus_exporters")
+        runs: dict[str, list[dict]] = {"current": [], "previous": []}
+        for _ in range(args.against_rounds):
+            for which in ("previous", "current"):
+                env = dict(os.environ)
+                if which == "previous":
+                    env["PYTHONPATH"] = os.pathsep.join(
+                        [tmp, *filter(None, [env.get("PYTHONPATH")])])
+                done = subprocess.run([sys.executable, str(bench / "exporter_cpu.py"),
+                                       *options], env=env, capture_output=True, text=True,
+                                      check=True, timeout=600)
+                runs[which].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    out: dict[str, Any] = {"against_rev": rev, "against_commit": commit,
+                           "against_rounds": args.against_rounds}
+    for field in ("train_thread_us_per_step", "resolver_gil_us_per_step",
+                  "probe_event_records_per_step", "probe_event_reads_per_step"):
+        current = float(np.median([r[field] for r in runs["current"]]))
+        previous = float(np.median([r[field] for r in runs["previous"]]))
+        out[f"current_{field}"] = current
+        out[f"previous_{field}"] = previous
+        out[f"ratio_{field}"] = current / previous if previous > 0 else None
+    out["previous_probe_reader"] = runs["previous"][0]["probe_reader"]
+    return out
+
+
 def main() -> None:
+    """Measure; print one JSON object with --json."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--pairs", type=int, default=20)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--probe-steps", type=int, default=400,
+                        help="steps per segment of the probe-cost pairs")
+    parser.add_argument("--probe-pairs", type=int, default=15)
+    parser.add_argument("--buckets", type=int, default=BUCKETS,
+                        help="DDP-like buckets a step in the probe-cost step")
+    parser.add_argument("--mark-us", type=float, default=MARK_US,
+                        help="stand-in cost of one Event.record on the training thread")
+    parser.add_argument("--query-us", type=float, default=QUERY_US,
+                        help="stand-in cost of torch's Event.query (GIL held)")
+    parser.add_argument("--elapsed-us", type=float, default=ELAPSED_US,
+                        help="stand-in cost of torch's Event.elapsed_time (GIL held)")
+    parser.add_argument("--probe-only", action="store_true",
+                        help="only the probe cost (what --against runs for each tree)")
+    parser.add_argument("--against", metavar="REV", nargs="?", const=PREVIOUS_PROBE,
+                        default=None,
+                        help=f"also measure the probe of git revision REV (default "
+                             f"{PREVIOUS_PROBE[:12]}, main before the bulk probe) against "
+                             f"this tree's, alternating subprocesses")
+    parser.add_argument("--against-rounds", type=int, default=3)
     args = parser.parse_args()
+    probe = probe_cost(args.probe_pairs, args.probe_steps, args.buckets, args.mark_us,
+                       args.query_us, args.elapsed_us)
+    if args.probe_only:
+        if args.against:
+            probe["against"] = against(args.against, args)
+        report(probe, args.json)
+        return
+    probe["torch_reader"] = {k: v for k, v in probe_cost(
+        max(args.probe_pairs // 3, 2), args.probe_steps, args.buckets, args.mark_us,
+        args.query_us, args.elapsed_us, reader="torch").items()
+        if k.startswith(("train_thread_us_per_step", "resolver_gil_us_per_step"))}
+    if args.against:
+        probe["against"] = against(args.against, args)
     work = np.random.default_rng(0).random((200, 200))
     loop(NoOpTracer(), 300, work)  # warm caches
     with tempfile.TemporaryDirectory() as spool:
@@ -148,7 +433,7 @@ def main() -> None:
               "self_pct_of_step": health.cpu_seconds / on_s * 100,
               "rss_warm_mb": rss_warm, "rss_end_mb": rss_end,
               "rss_growth_mb": rss_end - rss_warm, "records_shipped": health.records_shipped,
-              "dropped": dict(health.dropped), **collective_cost(args.pairs)}
+              "dropped": dict(health.dropped), **probe, **collective_cost(args.pairs)}
     report(result, args.json)
 
 

@@ -2,7 +2,8 @@
 # Every GPU check of the exporters in one run on the device machine, inside 8 minutes:
 #   bench/gpu_kernels_check.py  the CUPTI kernel probe: records vs CUPTI's own walk, mixed
 #                               record kinds, decode cost, duty cycle, CUPTI-vs-host clock
-#   bench/gpu_overhead.py       step-time overhead, all probes on vs off, ABBA rounds
+#   bench/gpu_overhead.py       step-time overhead, all probes on vs off, ABBA rounds, on three
+#                               workloads (launch-heavy MLP, GEMM-heavy MLP, small GPT)
 #   bench/gpu_collectives.py    every collective timed on its stream (NCCL, CUDA events): phases
 #                               recorded, forward its own work, CPU per collective
 # Target: H200 with torch 2.11 (no native CUPTI callbacks: the Argus C shim is built here with
@@ -117,7 +118,7 @@ summary = {"ok": all(r.get("ok") is True for r in (kernels, overhead, collective
            "shim": os.environ["SHIM"] or None,
            "kernels": {k: kernels.get(k) for k in ("ok", "error", "problems", "summary")},
            "overhead": {k: overhead.get(k) for k in ("ok", "error", "launch_heavy", "gemm_heavy",
-                                                     "probes", "dropped")},
+                                                     "transformer", "probes", "dropped")},
            "collectives": {k: collectives.get(k) for k in ("ok", "error", "checks", "phases_ms",
                                                            "collective_overhead_cpu_us")}}
 (out / "gpu_all.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")

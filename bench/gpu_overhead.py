@@ -1,7 +1,8 @@
 """GPU check (H200): Argus's overhead on the paper's two workloads, all probes on vs all off.
 
     python bench/gpu_overhead.py [--rounds 6] [--steps 30] [--deadline-s 200] [--out PATH]
-                                 [--workloads launch_heavy,gemm_heavy] [--diagnose]
+                                 [--workloads launch_heavy,gemm_heavy,transformer]
+                                 [--diagnose]
                                  [--json] [--dry-run]
 
 Wheels (bench/gpu_all.sh installs them from ``.whl/``): ``orjson`` cp312 manylinux x86_64
@@ -11,7 +12,10 @@ stack probe; likewise optional). Runs from a plain checkout: ``argus_exporters``
 ``exporters/`` when it is not installed.
 
 Launch-heavy: eager MLP of 48 x (Linear(512) + GELU), bf16, 8 x 256 tokens. GEMM-heavy:
-8 x Linear(4096), bf16, 8,192 tokens. Each step is forward, backward and an AdamW step. Per
+8 x Linear(4096), bf16, 8,192 tokens. Transformer (real jobs sit between the two): a small
+GPT-style model, eager, bf16: vocabulary 8,192, width 512, 8 heads, 6 pre-norm blocks
+(layer norm, causal ``scaled_dot_product_attention``, GELU MLP), tied output projection and
+cross-entropy, 8 x 256 tokens. Each step is forward, backward and an AdamW step. Per
 workload and mode, ``--rounds`` rounds of four segments in ABBA order (off, on, on, off),
 ``--steps`` steps each, timed with a device synchronise at segment edges only:
 
@@ -30,7 +34,8 @@ With ``--diagnose``, modes that split the cost (``DIAGNOSE_MODES`` below) and th
 thread's extra CPU time per step (``time.thread_time``: work it did, as opposed to waiting).
 
 A round's overhead is (on - off) / off over its two on and two off segments; the median over
-rounds is reported with its spread. Targets: <= 2% launch-heavy, <= 1% GEMM-heavy. Rounds stop
+rounds is reported with its spread. Targets: <= 2% launch-heavy, <= 1% GEMM-heavy and
+transformer. Rounds stop
 early when the next one would not fit in ``--deadline-s`` (each workload gets half); the rounds
 done are reported. The JSON (last line) also goes to ``--out`` (default
 ``$OUT/gpu_overhead.json`` when ``OUT`` is set). No GPU: ``{"ok": false, "error": ...}``, exit 2.
@@ -66,12 +71,61 @@ MODES = ("all_on", "defaults", "phases_only")
 #   kernels_only    CUPTI kernel activity on, no hooks (the driver's per-launch cost)
 #   stacks_only     the py-spy stack probe alone (no hooks, no kernels)
 DIAGNOSE_MODES = ("hooks_noop", "phases_inline", "kernels_only", "stacks_only")
-TARGETS_PCT = {"launch_heavy": 2.0, "gemm_heavy": 1.0}
+TARGETS_PCT = {"launch_heavy": 2.0, "gemm_heavy": 1.0, "transformer": 1.0}
+
+
+def gpt(torch, vocab: int, width: int, heads: int, layers: int):
+    """A small GPT-style language model whose forward returns its next-token loss: token and
+    position embeddings, pre-norm blocks of causal self-attention (``scaled_dot_product_
+    attention``) and a GELU MLP, a final layer norm and a tied output projection."""
+    nn, functional = torch.nn, torch.nn.functional
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+            self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+            self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
+                                     nn.Linear(4 * width, width))
+
+        def forward(self, x):
+            batch, seq, _ = x.shape
+            q, k, v = self.qkv(self.norm1(x)).split(width, dim=-1)
+            q, k, v = (t.view(batch, seq, heads, width // heads).transpose(1, 2)
+                       for t in (q, k, v))
+            attended = functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = x + self.proj(attended.transpose(1, 2).reshape(batch, seq, width))
+            return x + self.mlp(self.norm2(x))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tokens, self.positions = nn.Embedding(vocab, width), nn.Embedding(1024, width)
+            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            self.norm = nn.LayerNorm(width)
+
+        def forward(self, ids):
+            seq = ids.shape[1]
+            x = self.tokens(ids) + self.positions(torch.arange(seq, device=ids.device))
+            for block in self.blocks:
+                x = block(x)
+            logits = self.norm(x) @ self.tokens.weight.t()
+            return functional.cross_entropy(logits[:, :-1].reshape(-1, vocab).float(),
+                                            ids[:, 1:].reshape(-1))
+
+    return GPT()
 
 
 def build(torch, kind: str, device: str, tiny: bool):
     """(model, optimizer, input) of one workload."""
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    if kind == "transformer":
+        vocab, width, heads, layers, batch, seq = ((64, 32, 2, 1, 2, 8) if tiny else
+                                                   (8192, 512, 8, 6, 8, 256))
+        model = gpt(torch, vocab, width, heads, layers).to(device=device, dtype=dtype)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+        ids = torch.randint(0, vocab, (batch, seq), device=device)
+        return model, optimizer, ids
     if kind == "launch_heavy":
         width, depth, tokens = (32, 4, 8) if tiny else (512, 48, 8 * 256)
         layers = [m for _ in range(depth) for m in (torch.nn.Linear(width, width),
@@ -93,7 +147,8 @@ def run_steps(torch, model, optimizer, x, steps: int, sync) -> float:
     cpu0 = time.thread_time()
     t0 = time.perf_counter()
     for _ in range(steps):
-        model(x).float().pow(2).mean().backward()
+        out = model(x)  # the transformer returns its loss; the MLPs their activations
+        (out if out.ndim == 0 else out.float().pow(2).mean()).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     sync()
@@ -277,7 +332,7 @@ def _spread(values: list[float]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Measure both workloads; print (and write) one JSON object."""
+    """Measure the workloads; print (and write) one JSON object."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=6, help="ABBA rounds per mode")
     parser.add_argument("--steps", type=int, default=30, help="steps per segment")
@@ -287,8 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--diagnose", action="store_true",
                         help="also the modes that split the cost (hooks_noop, phases_inline, "
                              "kernels_only) and the training thread's extra CPU per step")
-    parser.add_argument("--workloads", default="launch_heavy,gemm_heavy",
-                        help="comma-separated: launch_heavy, gemm_heavy")
+    parser.add_argument("--workloads", default="launch_heavy,gemm_heavy,transformer",
+                        help="comma-separated: launch_heavy, gemm_heavy, transformer")
     parser.add_argument("--dry-run", action="store_true",
                         help="CPU, tiny models, 1 round of 2 steps: check the orchestration")
     args = parser.parse_args(argv)

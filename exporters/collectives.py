@@ -248,13 +248,13 @@ def _patch_process_group(state: Collectives) -> None:
             continue
         state.patch(ProcessGroup, method, _timed_method(state, original, op))
     wait = Work.wait
-    tracer, works, clock = state.tracer, state.works, state.tracer.clock
+    tracer, works = state.tracer, state.works
 
     def timed_wait(work, *args, **kwargs):
         token = works.pop(id(work), None) if works else None
         if token is None:
             return wait(work, *args, **kwargs)
-        waited_from = clock.mark(token.stream)
+        waited_from = tracer.wait_mark(token)
         result = wait(work, *args, **kwargs)
         tracer.end_collective(token, waited_from)
         return result
@@ -298,13 +298,13 @@ def _patch_functional(state: Collectives) -> None:
     if getattr(wait_tensor, "_argus", False):
         return
 
-    tracer, tensors, clock = state.tracer, state.tensors, state.tracer.clock
+    tracer, tensors = state.tracer, state.tensors
 
     def timed_wait_tensor(tensor):
         token = tensors.pop(_storage(tensor), None) if tensors else None
         if token is None:
             return wait_tensor(tensor)
-        waited_from = clock.mark(token.stream)
+        waited_from = tracer.wait_mark(token)
         result = wait_tensor(tensor)
         tracer.end_collective(token, waited_from)
         return result

@@ -45,18 +45,17 @@ class StepMetrics:
             self.gpu_total += gpu_s
             self._wall.append(wall_s)
             last = max(len(phases) - 1, 1)
-            for i, name in enumerate(phases):
-                position = self._position.get(name)
+            positions, totals, windows = self._position, self.phase_total, self._phases
+            for i, (name, seconds) in enumerate(phases.items()):
+                position = positions.get(name)
                 if position is None:
-                    position = self._position[name] = [0.0, 0]
+                    position = positions[name] = [0.0, 0]
+                    totals[name] = 0.0
+                    windows[name] = deque(maxlen=self.window_steps)
                 position[0] += i / last
                 position[1] += 1
-            for name, seconds in phases.items():
-                self.phase_total[name] = self.phase_total.get(name, 0.0) + seconds
-                window = self._phases.get(name)
-                if window is None:
-                    window = self._phases[name] = deque(maxlen=self.window_steps)
-                window.append(seconds)
+                totals[name] += seconds
+                windows[name].append(seconds)
 
     def phase_order(self) -> list[str]:
         """Phase names in the order they happen within a step (``phases`` arrive in the order

@@ -87,7 +87,7 @@ def test_overhead_dry_run_runs_the_abba_rounds_on_cpu(plain_env, tmp_path):
                                 str(out)], plain_env)
     assert code == 0 and result["ok"], stderr[-2000:]
     assert result["argus_exporters"].endswith("(plain checkout)")
-    for kind in ("launch_heavy", "gemm_heavy"):
+    for kind in ("launch_heavy", "gemm_heavy", "transformer"):
         assert result[kind]["rounds"] == 1
         assert set(result[kind]) >= {"all_on_overhead_pct", "defaults_overhead_pct",
                                      "phases_only_overhead_pct", "defaults_meets_target"}

@@ -1,0 +1,317 @@
+"""The phase probe's hot path: shared events, flat per-step slots, bulk resolution.
+
+The same scripted step, on a host clock the test drives and on ``CudaClock`` over a stand-in
+``torch.cuda`` whose events run at the driven time, must give exactly the phase times the
+step's intervals define (the previous probe's rules: spans from first start to last end,
+collectives' waits taken out of the phase they fell in), with fewer events than one per
+mark. The ctypes reader of the CUDA runtime must fall back to torch's methods cleanly when
+libcudart is missing, and ``bench/exporter_cpu.py`` must report the probe's costs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from argus_core.reader import load_traces
+from argus_exporters import clock as clock_module
+from argus_exporters.clock import (
+    CudaClock,
+    CudartEvents,
+    HostClock,
+    TorchEvents,
+    event_reader,
+    load_cudart,
+)
+from argus_exporters.config import Settings
+from argus_exporters.identity import RankIdentity
+from argus_exporters.tracer import Tracer
+
+ROOT = Path(__file__).resolve().parent.parent
+IDENTITY = RankIdentity("probe", 0, 1, 0, "node-0", {"dp": 0, "tp": 0, "pp": 0, "ep": 0})
+EXPECTED_MS = {"forward": 2.0, "dp-allgather": 1.0, "backward": 7.0, "dp-allreduce": 4.0,
+               "optimizer": 1.0}
+
+
+class DrivenHost(HostClock):
+    """A host clock whose time (ms) the test sets."""
+
+    def __init__(self):
+        self.now_ms = 0.0
+
+    def mark(self, stream=None) -> int:
+        return int(self.now_ms * 1e6)
+
+
+class DrivenCuda:
+    """``torch`` with a ``cuda`` whose events complete at once, stamped with the driven time;
+    it counts records and live events."""
+
+    def __init__(self):
+        self.now_ms = 0.0
+        self.records = 0
+        self.created = 0
+        self.stalled = False  # the device never finishes: events stay incomplete
+        driven = self
+
+        class Stream:
+            cuda_stream = 7
+            device = 0
+
+            def __init__(self, device=0):
+                pass
+
+        stream = Stream()
+
+        class Event:
+            def __init__(self, enable_timing=True):
+                driven.created += 1
+                self.t = None
+
+            def record(self, stream=None):
+                driven.records += 1
+                self.t = driven.now_ms
+
+            def query(self):
+                return self.t is not None and not driven.stalled
+
+            def elapsed_time(self, end):
+                return end.t - self.t
+
+            def synchronize(self):
+                pass
+
+        self.cuda = types.SimpleNamespace(Event=Event, Stream=Stream,
+                                          current_stream=lambda: stream,
+                                          current_device=lambda: 0)
+
+
+def scripted_step(tracer: Tracer, clock) -> None:
+    """Forward 0-3 ms with a synchronous all-gather at 1-2 inside it, backward 3-10 with two
+    gradient buckets (5-6 and 7-9: one span of 4 ms), optimizer 10-11, the step closed at 11.
+    Nothing happens between a phase's end and the next phase's start."""
+    def at(ms):
+        clock.now_ms = ms
+
+    base = clock.now_ms
+
+    def t(ms):
+        at(base + ms)
+
+    forward = tracer.begin_phase("forward")
+    t(1)
+    gather = tracer.begin_phase("dp-allgather", collective=True)
+    t(2)
+    tracer.end_collective(gather)
+    t(3)
+    tracer.end_phase(forward)
+    backward = tracer.begin_phase("backward")
+    t(5)
+    first = tracer.begin_phase("dp-allreduce", span=True)
+    t(6)
+    tracer.end_phase(first)
+    t(7)
+    second = tracer.begin_phase("dp-allreduce", span=True)
+    t(9)
+    tracer.end_phase(second)
+    t(10)
+    tracer.end_phase(backward)
+    optimizer = tracer.begin_phase("optimizer")
+    t(11)
+    tracer.end_phase(optimizer)
+    tracer.step()
+    t(12)
+
+
+def run(tmp_path, clock, driven, steps: int = 3) -> list[dict]:
+    tracer = Tracer(Settings(enabled=True, sink=f"file://{tmp_path}", flush_s=0.05), IDENTITY,
+                    clock=clock)
+    for _ in range(steps):
+        scripted_step(tracer, driven)
+        tracer.poll()
+    tracer.shutdown()
+    lines = [json.loads(line) for f in sorted(tmp_path.rglob("*.ndjson"))
+             for line in f.read_text().splitlines()]
+    return [r for r in lines if r["kind"] == "step"]
+
+
+def test_host_clock_gives_each_phase_its_own_time(tmp_path):
+    driven = DrivenHost()
+    records = run(tmp_path, driven, driven)
+    assert [r["step"] for r in records] == [0, 1, 2]
+    for record in records:
+        assert {k: round(v * 1e3, 6) for k, v in record["phases"].items()} == EXPECTED_MS
+        assert list(record["phases"]) == list(EXPECTED_MS)  # in the order they started
+        assert record["gpu_s"] == 0.011
+    assert load_traces([tmp_path]).traces["probe"].steps.phase_names == list(EXPECTED_MS)
+
+
+def test_device_clock_shares_events_and_gives_the_same_records(tmp_path):
+    """On CUDA events: the same phases and gpu_s as on the host clock, exactly; a phase's end
+    and the next start share one event, a span's later parts reuse its events: 8 events a
+    step for 13 marks (the previous probe recorded 14), all returned to the pool."""
+    host = DrivenHost()
+    expected = run(tmp_path / "host", host, host)
+    device = DrivenCuda()
+    clock = CudaClock(device, pool_size=32, events="torch")
+    records = run(tmp_path / "device", clock, device)
+    assert [(r["phases"], r["gpu_s"]) for r in records] == [
+        (r["phases"], r["gpu_s"]) for r in expected]
+    assert all("gpu_t_ns" in r for r in records)
+    assert device.records == 3 * 9 + 1  # 9 records a step (a span end twice), one anchor
+    assert len(clock._pool) == 32  # every step's 8 distinct events came back
+
+
+def test_without_sharing_the_device_clock_gives_the_same_records(tmp_path):
+    device = DrivenCuda()
+    tracer_records = run(tmp_path / "a", CudaClock(device, pool_size=32, events="torch"),
+                         device)
+    device_unshared = DrivenCuda()
+    clock = CudaClock(device_unshared, pool_size=32, events="torch")
+    tracer = Tracer(Settings(enabled=True, sink=f"file://{tmp_path}/b", flush_s=0.05),
+                    IDENTITY, clock=clock, share_marks=False)
+    scripted_step(tracer, device_unshared)
+    tracer.shutdown()
+    unshared = [json.loads(line) for f in (tmp_path / "b").rglob("*.ndjson")
+                for line in f.read_text().splitlines() if '"step"' in line]
+    assert unshared[0]["phases"] == tracer_records[0]["phases"]
+    assert device_unshared.records == 12 + 1  # one event per mark, and the anchor
+
+
+def test_a_stalled_device_drops_the_oldest_steps_and_recycles_their_events(tmp_path):
+    """The device never completes: the queue stays bounded, the oldest steps are dropped as
+    gpu_lag, and their events go back to the pool (no allocation per step)."""
+    device = DrivenCuda()
+    device.stalled = True
+    clock = CudaClock(device, pool_size=64, events="torch")
+    tracer = Tracer(Settings(enabled=True, sink=f"file://{tmp_path}", flush_s=0.05,
+                             pending_steps=8), IDENTITY, clock=clock)
+    for _ in range(40):
+        scripted_step(tracer, device)
+    assert len(tracer._pending) <= 8
+    assert tracer.health.dropped["gpu_lag"] >= 40 - 8 - 1
+    created = device.created
+    for _ in range(40):
+        scripted_step(tracer, device)
+    assert device.created == created  # the pool was enough: dropped steps' events came back
+    device.stalled = False
+    tracer.shutdown()
+
+
+class FakeRuntime:
+    """A CUDA runtime for ``CudartEvents``: events by handle, completion and error codes."""
+
+    def __init__(self):
+        self.times = {}
+        self.ready = set()
+        self.code = 0
+
+        def query(handle):
+            return 0 if handle in self.ready else 600
+
+        def elapsed(ms, start, end):
+            if self.code:
+                return self.code
+            ms._obj.value = self.times[end] - self.times[start]
+            return 0
+
+        self.cudaEventQuery, self.cudaEventElapsedTime = query, elapsed
+
+
+def test_the_ctypes_reader_reads_handles_and_reports_cuda_errors():
+    runtime = FakeRuntime()
+    reader = CudartEvents(runtime)
+    a, b = types.SimpleNamespace(cuda_event=11), types.SimpleNamespace(cuda_event=12)
+    runtime.times.update({11: 1.0, 12: 3.5})
+    runtime.ready.add(11)
+    assert reader.query(a) and not reader.query(b)
+    assert reader.elapsed_ms(a, b) == 2.5
+    runtime.code = 400  # cudaErrorInvalidResourceHandle: an anchor on another device
+    with pytest.raises(RuntimeError, match="400"):
+        reader.elapsed_ms(a, b)
+
+
+def test_each_reading_thread_is_set_to_the_events_device_once():
+    """The runtime would make a context on device 0 for a thread that never set one: the
+    reader sets each thread it reads on to the device of the clock's marks, once."""
+    import threading
+
+    runtime = FakeRuntime()
+    calls = []
+    runtime.cudaSetDevice = lambda device: calls.append((threading.get_ident(), device)) or 0
+    reader = CudartEvents(runtime)
+    event = types.SimpleNamespace(cuda_event=5)
+    reader.query(event)
+    assert calls == []  # no device known yet: nothing set
+    reader.bind(3)
+    reader.query(event)
+    reader.query(event)
+    worker = threading.Thread(target=reader.query, args=(event,))
+    worker.start()
+    worker.join()
+    assert [device for _, device in calls] == [3, 3] and calls[0][0] != calls[1][0]
+
+
+def test_the_reader_falls_back_to_torch_without_libcudart(monkeypatch):
+    assert load_cudart(["/nonexistent/libcudart.so.99", "libno-such-cudart.so"]) is None
+    monkeypatch.setattr(clock_module, "load_cudart", lambda candidates=None: None)
+    assert isinstance(event_reader("auto"), TorchEvents)
+    device = DrivenCuda()  # real torch events have raw handles; these do not
+    clock = CudaClock(device, pool_size=2)
+    assert isinstance(clock.reader, TorchEvents)
+    mark = clock.mark()
+    device.now_ms = 2.0
+    end = clock.mark()
+    assert clock.ready_all([mark, end]) and clock.offsets([mark, end]) == [0.0, 0.002]
+
+
+def test_a_loadable_libcudart_has_what_the_reader_calls():
+    library = load_cudart()
+    if library is None:
+        pytest.skip("no libcudart on this machine")
+    reader = CudartEvents(library)  # argtypes set; no call without a GPU
+    assert reader.releases_gil and reader.library is library
+
+
+def bench(*args: str) -> dict:
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "exporter_cpu.py"), *args,
+                           "--json"], capture_output=True, text=True, timeout=120, check=True,
+                          cwd=ROOT)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_exporter_cpu_bench_reports_the_probe_costs():
+    """A short run: the new fields exist and are sane (the targets live in the benchmarks)."""
+    result = bench("--steps", "300", "--pairs", "2", "--probe-steps", "100",
+                   "--probe-pairs", "2")
+    for field in ("train_thread_us_per_step", "resolver_gil_us_per_step",
+                  "train_thread_us_per_mark"):
+        assert 0 < abs(result[field]) < 10_000, (field, result[field])
+    assert result["resolver_gil_us_per_step"] > 0
+    assert result["probe_reader"] == "cudart"
+    assert result["probe_event_records_per_step"] == 5 + result["probe_buckets"]
+    assert result["torch_reader"]["resolver_gil_us_per_step"] > 0
+    assert result["records_shipped"] > 0 and not result["dropped"]
+
+
+def test_exporter_cpu_bench_measures_a_previous_probe_from_git():
+    result = bench("--probe-only", "--probe-steps", "100", "--probe-pairs", "2")
+    assert result["probe_event_reads_per_step"] > 0
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True, check=False)
+    if head.returncode:
+        pytest.skip("not a git checkout")
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "exporter_cpu.py"),
+                           "--probe-only", "--probe-steps", "100", "--probe-pairs", "2",
+                           "--against", "HEAD", "--against-rounds", "1", "--json"],
+                          capture_output=True, text=True, timeout=120, check=False, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    against = json.loads(done.stdout.strip().splitlines()[-1])["against"]
+    assert against["against_commit"] == head.stdout.strip()
+    assert against["ratio_train_thread_us_per_step"] is not None
+    assert against["previous_resolver_gil_us_per_step"] > 0
