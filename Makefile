@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean system-deps
+.PHONY: demo test lint bench clean system-deps generate
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,14 @@ system-deps:
 test: $(STAMP) system-deps
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
+
+# Every generated file the repository commits, from the defaults (tests fail on any drift):
+# recording rules, alerts, Alertmanager routing and promtool tests; the Grafana dashboards and
+# their provisioning; the rules' config reference in docs/rules.md.
+generate: $(STAMP)
+	$(BIN)/argus rules --out .
+	$(BIN)/argus dashboards --out grafana
+	$(BIN)/python scripts/docs.py
 
 bench: $(STAMP)
 	$(BIN)/python bench/compress.py
