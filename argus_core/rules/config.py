@@ -316,16 +316,18 @@ def defaults_yaml() -> str:
     for f in dataclasses.fields(RulesConfig):
         if f.name == "selectors":
             continue
-        value = getattr(config, f.name)
         lines.append(f"# {f.metadata['doc']}")
-        if f.metadata.get("duration"):
-            shown = format_duration(value)
-        elif isinstance(value, tuple):
-            shown = "[" + ", ".join(value) + "]"
-        else:
-            shown = _yaml_scalar(value)
-        lines.append(f"{f.name}: {shown}")
+        lines.append(f"{f.name}: {_shown(f, getattr(config, f.name))}")
     return "\n".join(lines) + "\n"
+
+
+def _shown(f: dataclasses.Field, value) -> str:
+    """A setting's value as the defaults file writes it (durations as ``1m``, axes as a list)."""
+    if f.metadata.get("duration"):
+        return format_duration(value)
+    if isinstance(value, tuple):
+        return "[" + ", ".join(value) + "]"
+    return _yaml_scalar(value)
 
 
 def reference_markdown() -> str:
@@ -344,14 +346,7 @@ def reference_markdown() -> str:
     for f in dataclasses.fields(RulesConfig):
         if f.name == "selectors":
             continue
-        value = getattr(config, f.name)
-        if f.metadata.get("duration"):
-            shown = format_duration(value)
-        elif isinstance(value, tuple):
-            shown = "[" + ", ".join(value) + "]"
-        else:
-            shown = _yaml_scalar(value)
-        row(f.name, shown, f.metadata["doc"])
+        row(f.name, _shown(f, getattr(config, f.name)), f.metadata["doc"])
     return "\n".join(rows) + "\n"
 
 
