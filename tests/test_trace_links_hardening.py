@@ -241,6 +241,8 @@ def test_non_reading_downloads_keep_memory_bounded_and_the_ninth_gets_503(big_st
         status, _, body = fetch(f"http://127.0.0.1:{port}{links.FILE_ROUTE}{KEY}")  # warm up
         assert status == 200 and len(body) == BIG_BYTES
         del body
+        # The client holds the whole body before the server's handler gives its slot back.
+        wait_for(lambda: active_downloads(port) == 0, "the warm-up download's slot back")
         baseline = rss_bytes(proc.pid)
         sockets = [stalled_get(port) for _ in range(40)]
         peak = baseline
@@ -253,14 +255,14 @@ def test_non_reading_downloads_keep_memory_bounded_and_the_ninth_gets_503(big_st
 
         try:
             heads = wait_for(every_answer_arrived, "an answer on all 40 connections")
+            statuses = [int(head.split()[1]) for head in heads]
+            assert sorted(statuses) == [200] * 8 + [503] * 32, statuses
             wait_for(lambda: active_downloads(port) == 8, "8 downloads in progress")
             peak = max(peak, rss_bytes(proc.pid))
-            statuses = [int(head.split()[1]) for head in heads]
             refused = [head for head in heads if head.startswith("HTTP/1.1 503")]
         finally:
             for sock in sockets:
                 sock.close()
-    assert sorted(statuses) == [200] * 8 + [503] * 32, statuses
     assert all("Retry-After: 5" in head for head in refused)
     growth = peak - baseline
     print(f"RSS baseline {baseline / 2**20:.0f} MiB, peak growth {growth / 2**20:.1f} MiB "
