@@ -28,11 +28,18 @@ from argus_core.processor.windows import Window
 from argus_core.summaries import KernelSummary
 
 MINUTE_NS = 60 * 10**9
-NOW_W = time.time_ns() // W * W  # the start of the current minute
 
 
-def spread_batch(rank: int, windows: int, job: str = "spread", end_ns: int = NOW_W) -> dict:
-    """One kernel per minute for ``windows`` minutes up to ``end_ns``: one kernel per window."""
+def current_window() -> int:
+    """The start of the current minute, read when a test builds its body (the suite can run
+    for longer than the processor's clock tolerances)."""
+    return time.time_ns() // W * W
+
+
+def spread_batch(rank: int, windows: int, job: str = "spread", end_ns: int | None = None) -> dict:
+    """One kernel per minute for ``windows`` minutes up to ``end_ns`` (default: the current
+    minute): one kernel per window."""
+    end_ns = current_window() if end_ns is None else end_ns
     start = end_ns - (windows - 1) * MINUTE_NS + 1000
     return {"v": 1, "kind": "kernels", "job": job, "rank": rank, "names": ["gemm"],
             "name": [0] * windows, "stream": [7] * windows,
@@ -107,7 +114,8 @@ def test_one_small_body_spreading_kernels_over_a_day_is_refused_whole(tmp_path):
         _, text = http(port, "/metrics")
         assert metric(text, "argus_processor_open_windows") == 0
         assert metric(text, "argus_processor_rejected_records_total", reason="windows") == 20
-        assert http(port, "/v1/records", ndjson_gz(kernel_batch(0, NOW_W + 1000)))[0] == 200
+        fresh = ndjson_gz(kernel_batch(0, current_window() + 1000))
+        assert http(port, "/v1/records", fresh)[0] == 200
     finally:
         stop(proc)
     assert len(list((tmp_path / "store").rglob("*.pftrace.gz"))) == 1
