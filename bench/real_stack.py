@@ -10,8 +10,9 @@ sink and serving its metrics to the stack's Prometheus (``argus stack targets``)
 runbook's "ArgusStragglerRank" case); ``healthy``: nothing. What reached Alertmanager's webhook
 is then compared with what should have: the straggler's ArgusStragglerRank for rank 1 and
 no other fail-slow alert; nothing fail-slow for the healthy job. The last line (--json) is
-``{"cases": {NAME: {"fail_slow": [[alert, rank], ...], "as_expected": bool, "first_s": ...}},
-"as_expected": bool}``.
+``{"cases": {NAME: {"fail_slow": [[alert, rank], ...], "as_expected": bool, "first_s": ...,
+"regression": {"max_ratio", "min_threshold"}}}, "as_expected": bool}``: the regression rule's
+highest ratio and lowest threshold over the run say how close a healthy job came to a page.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 from _report import report
 
 from argus_core.rules.alerts import FAIL_SLOW
+from argus_grafana.prometheus import api
 from argus_core.stack.processes import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,6 +71,7 @@ def run_case(name: str, minutes: float, workdir: Path) -> dict:
         if job.returncode != 0:
             raise RuntimeError(f"the job failed: {job.stderr[-20000:]}")
         time.sleep(5)  # the last scrape, evaluation and notification
+        regression = regression_extremes(status["prometheus"], name, time.time() - started)
         fired = []
         alerts = Path(workdir / "alerts.ndjson")
         for line in alerts.read_text().splitlines() if alerts.exists() else []:
@@ -84,7 +87,20 @@ def run_case(name: str, minutes: float, workdir: Path) -> dict:
     wanted_ok = expected <= found
     extra = sorted(found - expected)
     return {"fail_slow": sorted(map(list, found)), "unexpected": [list(e) for e in extra],
-            "first_s": first, "as_expected": wanted_ok and not extra}
+            "first_s": first, "regression": regression, "as_expected": wanted_ok and not extra}
+
+
+def regression_extremes(prometheus: str, job: str, seconds: float) -> dict:
+    """The L1 regression rule's highest ratio and lowest threshold over the job's run (the
+    threshold exists once the job is old enough for its noise to be read)."""
+    out = {}
+    for key, query in (("max_ratio", "max_over_time(job:argus_iteration_regression:ratio"),
+                       ("min_threshold",
+                        "min_over_time(job:argus_iteration_regression:threshold")):
+        result = api(prometheus, "/api/v1/query",
+                     {"query": f'{query}{{job="{job}"}}[{int(seconds) + 1}s])'})
+        out[key] = round(float(result["result"][0]["value"][1]), 3) if result["result"] else None
+    return out
 
 
 def main() -> None:

@@ -4,8 +4,9 @@ Each variable is resolved first (label values through the HTTP API, custom ones 
 options; a multi-value variable takes All, as a regex of every value), then every panel query,
 annotation and variable query is run with the variables substituted: panel queries as range
 queries over the dashboard range (instant for tables and stats), annotations as range queries.
-A query passes when it returns at least one finite value (a marker query, ``ratio >= 1.5``,
-also when none passes its threshold but the ratio itself has values). A query that reads a
+A query passes when it returns at least one finite value (a marker query, ``ratio >= 1.5``
+or ``ratio >= on (job) threshold``, also when none passes its threshold but the ratio itself
+has values). A query that reads a
 component this Prometheus has no series of at all (the recording rules, the scorer, live
 alert evaluation, scrape series) is *skipped* with that reason instead of failing, so one run
 says both what works and what could not be checked here.
@@ -89,7 +90,8 @@ class Report:
 
 # -- substitution ------------------------------------------------------------------------------
 _VAR = re.compile(r"\$(?:\{([A-Za-z0-9_]+)(?::([a-z]+))?\}|([A-Za-z_][A-Za-z0-9_]*))")
-_THRESHOLD = re.compile(r"(.*\S)\s*(?:>=|>|<=|<|==)\s*[0-9.]+")
+_THRESHOLD = re.compile(r"(.*\S)\s*(?:>=|>|<=|<|==)\s*"
+                        r"(?:[0-9.]+|on \([\w, ]*\) [A-Za-z_:][\w:]*(?:\{[^{}]*\})?)")
 _REGEX_SPECIAL = re.compile(r"([\\.^$*+?()\[\]{}|])")
 
 

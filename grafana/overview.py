@@ -32,7 +32,7 @@ def build() -> dm.Dashboard:
         ["L1"], [p.datasource_variable(), p.job_variable(multi=True)])
         .annotation(_annotation(f"Spikes (slowest recent step >= {q.SPIKE_RATIO:g}x median)",
                                 q.SPIKE_MARKERS, "orange"))
-        .annotation(_annotation(f"Regressions (rules: recent >= {q.MIN_REGRESSION:g}x baseline)",
+        .annotation(_annotation("Regressions (rules: recent over baseline >= its threshold)",
                                 q.REGRESSION_MARKERS, "red"))
         .annotation(_annotation("Argus alerts", q.ARGUS_ALERTS, "purple"))
         .with_panel(p.stat_panel(
@@ -68,9 +68,11 @@ def build() -> dm.Dashboard:
             steps=p.above((q.SPIKE_RATIO, "red")), threshold_line=True, minimum=1))
         .with_panel(p.timeseries(
             "Regression ratio", f"Median iteration time of the last {q.REGRESSION_RECENT} over "
-            "the job's best pace before it (L1 recording rule). "
-            f">= {q.MIN_REGRESSION:g}x is a regression.", "x",
-            [p.query(q.REGRESSION_RATIO, "{{job}}")], w=8,
+            "the job's best pace before it (L1 recording rule), and the threshold a regression "
+            f"must reach: >= {q.MIN_REGRESSION:g}x, or more for a job whose pace "
+            f"wanders from one {q.REGRESSION_RECENT} to the next.", "x",
+            [p.query(q.REGRESSION_RATIO, "{{job}}", ref="A"),
+             p.query(q.REGRESSION_THRESHOLD, "{{job}} threshold", ref="B")], w=8,
             steps=p.above((q.MIN_REGRESSION, "red")), threshold_line=True))
         .with_panel(p.timeseries(
             "GPUs lost now", "Ranks x the share of each step spent above the job's best "

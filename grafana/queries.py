@@ -85,6 +85,7 @@ METRICS: dict[str, str] = {
     "job:argus_iteration_seconds:recent_median": RULES,
     "job:argus_iteration_seconds:baseline_median": RULES,
     "job:argus_iteration_regression:ratio": RULES,
+    "job:argus_iteration_regression:threshold": RULES,
     "axis_group:argus_phase_seconds:median": RULES,
     "axis_group:argus_phase_seconds:threshold": RULES,
     # ... or, with l2_source: scorer, the scorer's own (the fallback of GROUP_MEDIAN and
@@ -170,7 +171,9 @@ SPIKE_MARKERS = f"({SPIKE_RATIO_NOW}) >= {SPIKE_RATIO}"
 
 BASELINE_SECONDS = f"job:argus_iteration_seconds:baseline_median{{{JOBS}}}"
 REGRESSION_RATIO = f"job:argus_iteration_regression:ratio{{{JOBS}}}"
-REGRESSION_MARKERS = f"{REGRESSION_RATIO} >= {MIN_REGRESSION}"
+REGRESSION_THRESHOLD = f"job:argus_iteration_regression:threshold{{{JOBS}}}"
+"""The ratio a regression must reach: min_regression, or wider for a job whose pace wanders."""
+REGRESSION_MARKERS = f"{REGRESSION_RATIO} >= on (job) {REGRESSION_THRESHOLD}"
 
 STEPS_PER_MINUTE = f"60 * min by (job) (rate(argus_steps_total{{{JOBS}}}[{RATE}]))"
 RANKS = f"count by (job) (argus_steps_total{{{JOBS}}})"

@@ -66,13 +66,16 @@ def l1_alerts(config: RulesConfig) -> list[dict]:
                '{{ $value | printf "%.1f" }}x the rolling median step time, beyond its own '
                "noise (the square of its usual ratio), and the job is back to its usual pace."),
         _alert(config, "ArgusIterationRegression",
-               f"job:argus_iteration_regression:ratio >= {config.min_regression}",
+               "job:argus_iteration_regression:ratio\n"
+               ">= on (job) job:argus_iteration_regression:threshold",
                config.for_regression, "critical", "L1",
                "A training job's iteration time regressed.",
                "Job {{ $labels.job }} runs "
                '{{ $value | printf "%.2f" }}x slower: median iteration time over the last '
                f"{format_duration(config.regression_recent)} against its best such median in "
-               f"the {format_duration(config.regression_baseline)} before."),
+               f"the {format_duration(config.regression_baseline)} before, at least "
+               f"{config.min_regression:g}x and beyond the job's own wander from one "
+               f"{format_duration(config.regression_recent)} to the next."),
         _alert(config, "ArgusHostStall",
                "rank:argus_host_seconds:excess_increase\n"
                ">= on (job) group_left\n"

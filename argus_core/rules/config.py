@@ -129,6 +129,11 @@ class RulesConfig:
                               _L1.spike_ratio)
     min_regression: float = _doc("L1 regression: recent over baseline iteration time",
                                  _L1.min_regression)
+    regression_z: float = _doc("L1 regression: the recent median must also exceed the "
+                               "baseline by this many robust standard deviations of the job's "
+                               "own wander (read from the changes between consecutive recent "
+                               "windows). The baseline is the best of ~36 windows and the "
+                               "wander heavy-tailed, so a healthy job reaches 4-6", 8.0)
     attribution_share: float = _doc("ArgusHostStall: the rank's extra host time explains at "
                                     "least this share of the job's slowest step's excess",
                                     _L1.attribution_share)

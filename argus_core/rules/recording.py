@@ -18,10 +18,13 @@ them, and the closest causal equivalent where it cannot:
   by the steps since the previous scrape still being slow (above ``spike_guard``, halfway to
   the spike ratio): only the ``settled_ratio`` counts. Warm-up steps are excluded the way
   the core excludes them: a rank is judged once its window holds none of them.
-- L1 regression: the core finds change points over the whole run (binary segmentation); the
-  rules compare the median iteration time of the recent window with the job's best pace
-  (the lowest such median) over the ``regression_baseline`` before it, so a slowdown that
-  lasts never becomes its own baseline.
+- L1 regression: the core finds change points over the whole run (binary segmentation) in
+  units of the job's own noise; the rules compare the median iteration time of the recent
+  window with the job's best pace (the lowest such median) over the ``regression_baseline``
+  before it, so a slowdown that lasts never becomes its own baseline, and page when the
+  ratio reaches ``min_regression`` and ``regression_z`` robust standard deviations of how
+  much the recent median moves from one window to the next (the core's noise from first
+  differences: a level shift moves one of them), read over the baseline's span.
 - L2, compute phases, on the axes in ``axes`` (dp, tp, ep), groups of three or more: the
   core's statistic for a metrics snapshot (``detect/l2.py``, a single "step" of per-rank
   medians): ``s = ln(time / group median)`` with each rank's median of its last steps,
@@ -168,10 +171,14 @@ _OTHERS = ("  rank:argus_host_seconds:increase\n"
 
 def l1_trend_group(config: RulesConfig) -> dict:
     """Every ``slow_interval``: the job's mean iteration time from the counters, its median
-    over the recent window, the best such median before it, and their ratio (a finer refresh
-    would change nothing)."""
+    over the recent window, the best such median before it, their ratio, and the ratio a
+    regression must reach: ``min_regression`` or ``regression_z`` standard deviations of the
+    job's own window-to-window wander (a finer refresh would change nothing)."""
     sel = config.selectors.exporters
     rate = format_duration(config.rate_window)
+    recent, two_windows, baseline = (format_duration(config.regression_recent),
+                                     format_duration(2 * config.regression_recent),
+                                     format_duration(config.regression_baseline))
     steps, seconds = (select("argus_steps_total", sel),
                       select("argus_step_seconds_total", sel))
     return _group("argus.l1.trend", config.slow_interval, [
@@ -190,7 +197,44 @@ def l1_trend_group(config: RulesConfig) -> dict:
         _record("job:argus_iteration_regression:ratio",
                 "job:argus_iteration_seconds:recent_median\n"
                 "/ job:argus_iteration_seconds:baseline_median"),
+        # The job's own wander: how much the recent median moves from one recent window to
+        # the next (a level shift moves one such change, so a regression does not widen it),
+        # read over the baseline's span and as a robust standard deviation (1.4826 MAD of a
+        # difference of two, / sqrt 2). Only between two full windows (the job had a pace
+        # two windows ago), and judged once it holds a recent window of changes.
+        _record("job:argus_iteration_seconds:recent_log_change",
+                "abs(ln(job:argus_iteration_seconds:recent_median)\n"
+                f"    - ln(job:argus_iteration_seconds:recent_median offset {recent}))\n"
+                "and on (job)\n"
+                f"  job:argus_iteration_seconds:max_rate offset {two_windows}"),
+        _record("job:argus_iteration_seconds:recent_log_noise",
+                f"{MAD_TO_SIGMA / math.sqrt(2):.6g} * quantile_over_time(0.5,\n"
+                f"  job:argus_iteration_seconds:recent_log_change[{baseline}] offset {recent})\n"
+                "and on (job)\n"
+                "  count_over_time(job:argus_iteration_seconds:recent_log_change"
+                f"[{baseline}] offset {recent})\n"
+                f"  >= {noise_samples(config)}"),
+        # The ratio a regression reaches: min_regression, or regression_z of the job's own
+        # wander when that is wider (a CPU job whose pace wanders 16% is not paged for it).
+        _record("job:argus_iteration_regression:threshold",
+                f"clamp_min(exp({config.regression_z:g} * "
+                "job:argus_iteration_seconds:recent_log_noise), "
+                f"{config.min_regression:g})"),
     ])
+
+
+def regression_warmup(config: RulesConfig) -> float:
+    """Job time before ArgusIterationRegression can fire: two full recent windows before the
+    first change of the recent median, ``noise_samples`` of them, and the recent window the
+    noise leaves out (about four recent windows)."""
+    return (2 * config.regression_recent + noise_samples(config) * config.slow_interval
+            + config.regression_recent)
+
+
+def noise_samples(config: RulesConfig) -> int:
+    """Changes of the recent median the regression's noise needs before the job is judged:
+    a recent window of them (the job has then run four recent windows)."""
+    return max(3, round(config.regression_recent / config.slow_interval))
 
 
 # The scorer's L2 statistics -> the names the dashboards and alerts read (l2_source scorer),

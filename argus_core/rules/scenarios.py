@@ -37,6 +37,7 @@ import numpy as np
 import orjson
 
 from argus_core.rules.config import RulesConfig, format_duration
+from argus_core.rules.recording import regression_warmup
 from argus_core.rules.unit_tests import Series
 from argus_core.simulate.cases import Case
 from argus_core.simulate.model import SimConfig, simulate
@@ -71,18 +72,29 @@ def settle_seconds(rules: RulesConfig) -> float:
             + 8 * rules.evaluation_interval)
 
 
+def horizon_seconds(rules: RulesConfig, event_s: float) -> float:
+    """Job time (from its first step) by which the rules reach every verdict on an event at
+    ``event_s``: ``settle_seconds`` after it, and never before the regression is judged (its
+    noise read, and a recent window more so that a regression from the job's first minutes
+    is a minority of the changes the noise is read from)."""
+    return max(event_s + settle_seconds(rules),
+               regression_warmup(rules) + rules.regression_recent + rules.for_regression
+               + 8 * rules.evaluation_interval)
+
+
 def scenario_records(config: SimConfig, rules: RulesConfig) -> list[tuple[int, dict]]:
-    """The job's records (through JSON, as sent), until ``settle_seconds`` of job time after
-    its last event (``config.steps`` is ignored): long enough for every verdict, no longer
+    """The job's records (through JSON, as sent), until ``horizon_seconds`` of job time (from
+    its first step; ``config.steps`` is ignored): long enough for every verdict, no longer
     (promtool evaluates every interval of it)."""
     event = last_event_step(config)
-    horizon = None
+    horizon = start = None
     records = []
     for rank, record in simulate(dataclasses.replace(config, steps=1 << 30)):
         if record["kind"] == "step" and rank == 0:
             t_s = record["t_ns"] * 1e-9
+            start = t_s if start is None else start
             if record["step"] == event:
-                horizon = t_s + settle_seconds(rules)
+                horizon = start + horizon_seconds(rules, t_s - start)
             if horizon is not None and t_s > horizon:
                 break
         records.append((rank, orjson.loads(orjson.dumps(record,

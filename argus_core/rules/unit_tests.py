@@ -213,6 +213,7 @@ def l1_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
     tests.append(noisy_spike_test(config, groups, stall_at, samples))
     tests += host_stall_tests(config, groups, stall_at, samples)
     tests.append(regression_test(config, groups))
+    tests.append(wander_test(config, groups))
     return tests
 
 
@@ -301,7 +302,9 @@ def regression_test(config: RulesConfig, groups: list[dict]) -> dict:
     rule = _rule(groups, "ArgusIterationRegression")
     interval = config.evaluation_interval
     recent = round(config.regression_recent / interval)
-    onset = 2 * recent + 2  # a baseline of full recent windows before the onset
+    # A baseline of full recent windows and two recent windows of the job's wander (the
+    # noise the threshold needs) before the onset.
+    onset = 4 * recent + 2
     # Longer than an hour (where a median over the hour before had absorbed it), within the
     # baseline window (past it, the slower pace is the job's own).
     lasting = round(min(max(75 * 60, config.regression_recent * 7.5),
@@ -321,6 +324,46 @@ def regression_test(config: RulesConfig, groups: list[dict]) -> dict:
                                  config.for_regression, expected),
                          _check(config, onset + lasting, "ArgusIterationRegression",
                                 expected)])
+
+
+# Medians of one recent window each, in ms, of a healthy 4-rank CPU job on a 2-vCPU VM (no
+# stack, file sink): its pace wanders 1.16x from one window to the next.
+VM_WANDER_MS = (89.4, 104.1, 99.4, 90.1, 92.3, 94.8, 93.4)
+
+
+def wander_test(config: RulesConfig, groups: list[dict]) -> dict:
+    """A job whose pace wanders as a shared VM's does (levels ``VM_WANDER_MS``, one per recent
+    window, and per-sample jitter that only ever slows it) is never paged, over more than an
+    hour; the same job's lasting 1.6x slowdown from its best pace is, once it fills the recent
+    window. The best level has no jitter and lasts a little longer than a window, so the
+    baseline is exactly it."""
+    import numpy as np
+
+    rule = _rule(groups, "ArgusIterationRegression")
+    recent = round(config.regression_recent / config.evaluation_interval)
+    best = min(VM_WANDER_MS)
+    lengths = [recent + 4 if level == best else recent for level in VM_WANDER_MS]
+    pattern = np.repeat(np.asarray(VM_WANDER_MS) / 1000, lengths)
+    jitter = np.exp(np.abs(np.random.default_rng(7).normal(0.0, 0.02, len(pattern))))
+    pattern = np.where(pattern == best / 1000, pattern, pattern * jitter)
+    onset = 3 * len(pattern)
+    length = onset + 3 * recent
+    healthy = [float(v) for v in np.resize(pattern, length)]
+    factor = 1.6
+    slower = healthy[:onset] + [factor * best / 1000] * (length - onset)
+    due = onset + recent + _for_intervals(config, config.for_regression) + 1
+    expected = [_expect(_alert_labels(config, rule, job="slower"),
+                        _annotations(rule, **{"$labels.job": "slower",
+                                              '$value | printf "%.2f"': f"{factor:.2f}"}))]
+    checks = [_check(config, at, "ArgusIterationRegression", [])
+              for at in range(4 * recent, onset + recent // 2, recent // 4)]
+    checks += [_check(config, at, "ArgusIterationRegression", expected)
+               for at in range(due, length, recent // 4)]
+    return _test(config, "ArgusIterationRegression: a job's own wander (1.16x from window to "
+                 "window) is not a regression; a lasting 1.6x slowdown on the same job is",
+                 [Series("job:argus_iteration_seconds:max_rate", {"job": "wandering"}, healthy),
+                  Series("job:argus_iteration_seconds:max_rate", {"job": "slower"}, slower)],
+                 alerts=checks)
 
 
 def _humanize_duration(v: float) -> str:
