@@ -27,8 +27,7 @@ test: $(STAMP) system-deps
 # recording rules, alerts, Alertmanager routing and promtool tests; the Grafana dashboards and
 # their provisioning; the rules' config reference in docs/rules.md.
 generate: $(STAMP)
-	$(BIN)/argus rules --out .
-	$(BIN)/argus dashboards --out grafana
+	$(BIN)/argus generate --out .
 	$(BIN)/python scripts/docs.py
 
 bench: $(STAMP)

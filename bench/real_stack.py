@@ -29,8 +29,8 @@ from pathlib import Path
 from _report import report
 
 from argus_core.rules.alerts import FAIL_SLOW
-from argus_grafana.prometheus import api
 from argus_core.stack.processes import free_port
+from argus_grafana.prometheus import api
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "scripts" / "ddp_train.py"

@@ -273,7 +273,7 @@ class _Context:
 def rule_files(root: Path) -> list[Path]:
     """The recording-rule files of a checkout (``recording_rules/*.yml``), if any."""
     directory = root / "recording_rules"
-    return sorted(p for p in directory.glob("*.yml") if p.name != "defaults.yml") \
+    return sorted(directory.glob("*.yml")) \
         if directory.is_dir() else []
 
 

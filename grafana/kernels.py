@@ -10,14 +10,16 @@ from __future__ import annotations
 from grafana_foundation_sdk.models import dashboard as dm
 
 from argus_grafana import panels as p
-from argus_grafana import queries as q
+from argus_grafana.queries import L3_MIN_SCORE, Queries, queries_for
 
 UID = p.UIDS["kernels"]
-SCORE_STEPS = p.above((q.L3_MIN_SCORE, "orange"), (0.5, "red"))
+SCORE_STEPS = p.above((L3_MIN_SCORE, "orange"), (0.5, "red"))
 
 
-def build() -> dm.Dashboard:
-    """The Kernels dashboard (uid ``argus-kernels``)."""
+def build(q: Queries | None = None) -> dm.Dashboard:
+    """The Kernels dashboard (uid ``argus-kernels``). Its queries are ``q``
+    (default: the default config's)."""
+    q = q or queries_for()
     traces = p.trace_links("${__field.labels.rank}", job="${job:percentencode}")
     table_traces = p.trace_links("${__data.fields.rank}", job="${job:percentencode}",
                                  at="${__data.fields.Time}")
@@ -26,7 +28,7 @@ def build() -> dm.Dashboard:
         "L3: kernel-time distributions per rank (the processors' window summaries), their W1 "
         "scores against the rank's peers (the scoring job), and each rank's Perfetto trace for "
         "the minute you click.",
-        ["L3"], [p.datasource_variable(), p.job_variable(multi=False),
+        ["L3"], [p.datasource_variable(), p.job_variable(q, multi=False),
                  p.query_variable("rank", "Rank", q.VAR_KERNEL_RANK,
                                   "Ranks to show (all by default).", multi=True, numeric=True),
                  p.query_variable("kernel", "Kernel", q.VAR_KERNEL,

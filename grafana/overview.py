@@ -11,7 +11,7 @@ from grafana_foundation_sdk.builders import dashboard
 from grafana_foundation_sdk.models import dashboard as dm
 
 from argus_grafana import panels as p
-from argus_grafana import queries as q
+from argus_grafana.queries import Queries, queries_for
 
 UID = p.UIDS["overview"]
 
@@ -21,15 +21,17 @@ def _annotation(name: str, expr: str, color: str) -> dashboard.AnnotationQuery:
             .icon_color(color).enable(True).hide(False))
 
 
-def build() -> dm.Dashboard:
-    """The Fail-slow overview (uid ``argus-overview``)."""
+def build(q: Queries | None = None) -> dm.Dashboard:
+    """The Fail-slow overview (uid ``argus-overview``). Its queries are ``q``
+    (default: the default config's)."""
+    q = q or queries_for()
     to_stragglers = p.drilldown("Stragglers of ${__field.labels.job}", p.UIDS["stragglers"],
                                 "var-job=${__field.labels.job}")
     board = (p.new_dashboard(
         UID, "Argus / Fail-slow overview",
         "L1: each job's iteration time (its slowest rank), spikes, regressions, Argus alerts "
         "and the GPU-hours lost to fail-slow. Start here when an Argus alert fires.",
-        ["L1"], [p.datasource_variable(), p.job_variable(multi=True)])
+        ["L1"], [p.datasource_variable(), p.job_variable(q, multi=True)])
         .annotation(_annotation(f"Spikes (slowest recent step >= {q.SPIKE_RATIO:g}x median)",
                                 q.SPIKE_MARKERS, "orange"))
         .annotation(_annotation("Regressions (rules: recent over baseline >= its threshold)",

@@ -17,7 +17,7 @@ from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models import heatmap as hm
 from grafana_foundation_sdk.models import prometheus as pm
 
-from argus_grafana import queries as q
+from argus_grafana.queries import Queries
 
 DATASOURCE = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 """Every query and variable reads the Prometheus chosen in the ``datasource`` variable."""
@@ -202,13 +202,13 @@ def query_variable(name: str, label: str, expr: str, description: str, *, multi:
     return variable
 
 
-def job_variable(multi: bool) -> dashboard.QueryVariable:
+def job_variable(q: Queries, multi: bool) -> dashboard.QueryVariable:
     """``$job``: the training job (several on the overview and pipeline pages)."""
     return query_variable("job", "Job", q.VAR_JOB,
                           "Training job, as the exporters report it (ARGUS_JOB).", multi=multi)
 
 
-def axis_variable() -> dashboard.CustomVariable:
+def axis_variable(q: Queries) -> dashboard.CustomVariable:
     """``$axis``: the parallel axis whose groups are compared (ranks equal on every other)."""
     options = [dm.VariableOption(text=axis, value=axis, selected=axis == "dp")
                for axis in q.AXES]

@@ -9,20 +9,23 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import dashboard as dm
 
+from argus_core.rules.config import format_duration
 from argus_grafana import panels as p
-from argus_grafana import queries as q
+from argus_grafana.queries import Queries, queries_for
 
 UID = p.UIDS["pipeline"]
 ANY_BAD = p.above((1e-9, "red"))
 
 
-def build() -> dm.Dashboard:
-    """The Pipeline health dashboard (uid ``argus-pipeline``)."""
+def build(q: Queries | None = None) -> dm.Dashboard:
+    """The Pipeline health dashboard (uid ``argus-pipeline``). Its queries are ``q``
+    (default: the default config's)."""
+    q = q or queries_for()
     board = (p.new_dashboard(
         UID, "Argus / Pipeline health",
         "Argus's own health: exporters (drops, queues, CPU, probes), processors (throughput, "
         "rejections, uploads, spool, memory), the scoring job and the scrapes.",
-        ["pipeline"], [p.datasource_variable(), p.job_variable(multi=True)])
+        ["pipeline"], [p.datasource_variable(), p.job_variable(q, multi=True)])
         .with_panel(p.stat_panel(
             "Targets up", "Share of Argus scrape targets up, per scrape job (exporters, "
             "processors, scorers).", "percentunit", p.query(q.TARGETS_UP, "{{job}}",
@@ -34,9 +37,11 @@ def build() -> dm.Dashboard:
             p.query(q.PROCESSOR_DROPPED_FILES, "dropped", instant=True), steps=ANY_BAD, w=8))
         .with_panel(p.stat_panel(
             "Scorer: last good round", "Seconds since the scoring job last finished a round; "
-            "L3 verdicts are stale past 5 minutes.", "s",
+            f"L2 and L3 verdicts are stale past {format_duration(q.SCORER_STALE_S)} "
+            "(ArgusScorerStale).", "s",
             p.query(q.SCORER_AGE, "{{instance}}", instant=True),
-            steps=p.above((120, "orange"), (300, "red")), w=8))
+            steps=p.above((q.SCORER_STALE_S * 0.4, "orange"), (q.SCORER_STALE_S, "red")),
+            w=8))
         .with_panel(p.timeseries(
             "Exporter drops", "Records the exporters dropped, by reason (queue_full: the "
             "shipper could not keep up; sink_error: the endpoint failed). Any drop means "

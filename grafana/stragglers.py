@@ -13,14 +13,16 @@ from __future__ import annotations
 from grafana_foundation_sdk.models import dashboard as dm
 
 from argus_grafana import panels as p
-from argus_grafana import queries as q
+from argus_grafana.queries import Queries, queries_for
 
 UID = p.UIDS["stragglers"]
-RATIO_STEPS = p.above((q.L2_MIN_RATIO, "orange"), (1.5, "red"))
 
 
-def build() -> dm.Dashboard:
-    """The Stragglers dashboard (uid ``argus-stragglers``)."""
+def build(q: Queries | None = None) -> dm.Dashboard:
+    """The Stragglers dashboard (uid ``argus-stragglers``). Its queries are ``q``
+    (default: the default config's)."""
+    q = q or queries_for()
+    ratio_steps = p.above((q.L2_MIN_RATIO, "orange"), (1.5, "red"))
     rank_drill = p.drilldown("Rank ${__data.fields.rank}: phases", UID,
                              "var-job=${job}&var-axis=${axis}&var-rank=${__data.fields.rank}")
     to_kernels = p.drilldown("Rank ${__data.fields.rank}: kernels", p.UIDS["kernels"],
@@ -32,7 +34,7 @@ def build() -> dm.Dashboard:
         "L2: each rank's compute-phase time against the median of its group on the chosen "
         "parallel axis (ranks equal on every other coordinate), the worst ranks with their "
         "verdict, and one rank's phases over time.",
-        ["L2"], [p.datasource_variable(), p.job_variable(multi=False), p.axis_variable(),
+        ["L2"], [p.datasource_variable(), p.job_variable(q, multi=False), p.axis_variable(q),
                  p.query_variable("rank", "Rank", q.VAR_RANK, "Rank to drill into.",
                                   numeric=True)])
         .with_panel(p.table(
@@ -44,7 +46,7 @@ def build() -> dm.Dashboard:
             "findings). Empty on an axis whose groups are pairs: a pair is decided by who "
             "waits for whom, in the scorer's findings below.",
             "x", [p.query(q.RANK_PHASE_RATIO_MATRIX, instant=True, table=True)],
-            steps=RATIO_STEPS, colored=True, w=12, h=10, links=[rank_drill, to_kernels],
+            steps=ratio_steps, colored=True, w=12, h=10, links=[rank_drill, to_kernels],
             transformations=[p.transformation("groupingToMatrix", columnField="phase",
                                               rowField="rank", valueField="Value")]))
         .with_panel(p.table(
@@ -55,7 +57,7 @@ def build() -> dm.Dashboard:
             [p.query(q.WORST_RANKS, instant=True, table=True, ref="A"),
              p.query(q.WORST_RANKS_Z, instant=True, table=True, ref="B"),
              p.query(q.VERDICTS, instant=True, table=True, ref="C")],
-            steps=RATIO_STEPS, colored=True, w=12, h=10, links=[rank_drill, to_kernels],
+            steps=ratio_steps, colored=True, w=12, h=10, links=[rank_drill, to_kernels],
             column_units={"robust z": "none"},
             transformations=[
                 p.transformation("merge"),
@@ -85,7 +87,7 @@ def build() -> dm.Dashboard:
             "the waiting for late arrivers removed (kind communication: suspect the link). "
             "Empty when nothing is found.", "x",
             [p.query(q.SCORER_PHASE_FINDINGS, instant=True, table=True)],
-            steps=RATIO_STEPS, colored=True, w=24, h=7, links=[rank_drill, to_kernels],
+            steps=ratio_steps, colored=True, w=24, h=7, links=[rank_drill, to_kernels],
             transformations=[p.transformation("organize", excludeByName={"Time": True},
                                               renameByName={"Value": "ratio"}),
                              p.transformation("sortBy",

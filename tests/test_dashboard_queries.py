@@ -22,6 +22,7 @@ import pytest
 
 from argus_core.processor import links
 from argus_core.processor.store import open_store
+from argus_core.rules.config import RulesConfig
 from argus_grafana import check, generate, scenario
 from argus_grafana import queries as q
 from argus_grafana.prometheus import api, available
@@ -213,3 +214,28 @@ def test_cli_check_reports_against_a_prometheus(replayed, capsys):
     assert "job 'nope' is not in Prometheus" in capsys.readouterr().err
     assert main([*argv[:3], "--range", "30m"]) == 2  # now: the history ended an hour ago
     assert "variable job has no values" in capsys.readouterr().err
+
+
+def test_dashboards_of_a_changed_config_pass_the_check_too(replayed):
+    """The dashboards ``argus generate --config`` writes for other settings (selectors the
+    replayed series match, fewer axes, another spike ratio, the rules' PromQL L2) return data
+    from the same live Prometheus, query for query, as the defaults' do."""
+    from argus_core.rules.config import L2_PROMQL, Selectors, override
+    from argus_grafana.queries import queries_for
+
+    config = override(RulesConfig(l2_source=L2_PROMQL), {
+        "selectors": {"exporters": 'host!=""', "processor": 'instance!=""'},
+        "axes": ["dp"], "spike_ratio": 1.7})
+    assert config.selectors != Selectors()
+    q_changed = queries_for(config)
+    assert 'host!=""' in q_changed.ITERATION_SECONDS and q_changed.SPIKE_MARKERS.endswith("1.7")
+    boards = {uid: json.loads(generate.encode(build(q_changed)))
+              for uid, build in generate.BUILDERS.items()}
+    report = check.check_all(replayed.prometheus.url, job=scenario.STRAGGLER_JOB,
+                             at=replayed.end_s,
+                             range_=f"{int(replayed.end_s - replayed.start_s)}s",
+                             values={"axis": "dp", "rank": str(scenario.STRAGGLER_RANK)},
+                             boards=boards)
+    assert report.failed == [], "\n".join(o.line() for o in report.failed)
+    default = run_check(replayed, axis="dp", rank=str(scenario.STRAGGLER_RANK))
+    assert ([o.status for o in report.outcomes] == [o.status for o in default.outcomes])

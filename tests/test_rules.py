@@ -27,8 +27,8 @@ REPO = Path(__file__).resolve().parent.parent
 def test_committed_files_are_what_the_generator_writes():
     for relative, text in rendered(RulesConfig()).items():
         path = REPO / relative
-        assert path.exists(), f"{relative} is missing: run `argus rules --out .`"
-        assert path.read_text() == text, f"{relative} differs: run `argus rules --out .`"
+        assert path.exists(), f"{relative} is missing: run `make generate`"
+        assert path.read_text() == text, f"{relative} differs: run `make generate`"
 
 
 def test_promtool_accepts_every_rule_file():
@@ -110,7 +110,7 @@ def test_scaled_rules_pass_their_tests(tmp_path):
 
 
 def test_the_defaults_file_reads_back_as_the_defaults():
-    assert load_config(REPO / "recording_rules/defaults.yml") == RulesConfig()
+    assert load_config(REPO / "argus.yml") == RulesConfig()
 
 
 @pytest.mark.parametrize(("data", "message"), [

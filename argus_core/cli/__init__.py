@@ -16,6 +16,7 @@ def build_parser() -> argparse.ArgumentParser:
         dashboards,
         demo,
         diagnose,
+        generate,
         processor,
         rules,
         run,
@@ -29,8 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="argus", description="Always-on tracing and fail-slow diagnosis for GPU training.")
     parser.add_argument("--version", action="version", version=f"argus {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (diagnose, simulate, demo, run, processor, traces, rules, score, stack,
-                   dashboards):
+    for module in (diagnose, simulate, demo, run, processor, traces, generate, rules, score,
+                   stack, dashboards):
         module.register(commands)
     return parser
 

@@ -18,6 +18,9 @@ def register(commands) -> None:
                             description=__doc__.splitlines()[0])
     p.add_argument("--out", metavar="DIR", help="directory to write dashboards/ and "
                                                  "provisioning/ into")
+    p.add_argument("--config", metavar="FILE",
+                   help="YAML file of settings to override (argus.yml's keys): the dashboards "
+                        "show its thresholds and query with its selectors")
     p.add_argument("--provider-path", metavar="PATH",
                    help="where Grafana will read the JSON files (the provisioning file's "
                         "options.path; default /var/lib/grafana/dashboards/argus)")
@@ -36,41 +39,67 @@ def register(commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the files (``--out``) or check the queries (``--check``)."""
-    try:
-        from argus_grafana import generate
-    except ModuleNotFoundError as exc:
-        print(f"argus dashboards: needs {exc.name}; install 'argus-failslow[dashboards]'",
-              file=sys.stderr)
+    if not dependencies_present("dashboards"):
         return 2
     if bool(args.out) == bool(args.check):
         print("argus dashboards: error: give --out DIR or --check URL", file=sys.stderr)
         return 2
+    from argus_core.cli.rules import load
+
+    config = load(args.config, 1.0, "dashboards")
+    if config is None:
+        return 2
     if args.check:
-        return _check(args)
+        return _check(args, config)
+    paths = write(args.out, args.provider_path, config, "dashboards")
+    for path in paths or ():
+        print(path)
+    return 0 if paths is not None else 1
+
+
+def dependencies_present(command: str) -> bool:
+    """Whether the dashboard generator's dependencies import (else says which is missing)."""
+    try:
+        import argus_grafana.generate  # noqa: F401 (imported for the check)
+    except ModuleNotFoundError as exc:
+        print(f"argus {command}: needs {exc.name}; install 'argus-failslow[dashboards]'",
+              file=sys.stderr)
+        return False
+    return True
+
+
+def write(out: str, provider_path: str | None, config, command: str):
+    """Write the dashboards for ``config`` under ``out`` (the paths), or None after printing
+    why one would not import into Grafana (nothing is written then)."""
     import json
 
-    from argus_grafana import schema
+    from argus_grafana import generate, schema
+    from argus_grafana.queries import queries_for
 
+    q = queries_for(config)
     for uid, build in generate.BUILDERS.items():  # never write what Grafana would refuse
-        problems = schema.problems(json.loads(generate.encode(build())))
+        problems = schema.problems(json.loads(generate.encode(build(q))))
         if problems:
-            print(f"argus dashboards: {uid} is not valid Grafana 11.6 JSON:\n  "
+            print(f"argus {command}: {uid} is not valid Grafana 11.6 JSON:\n  "
                   + "\n  ".join(problems), file=sys.stderr)
-            return 1
-    provider_path = args.provider_path or generate.DEFAULT_PROVIDER_PATH
-    for path in generate.write_all(args.out, provider_path):
-        print(path)
-    return 0
+            return None
+    return generate.write_all(out, provider_path or generate.DEFAULT_PROVIDER_PATH, config)
 
 
-def _check(args: argparse.Namespace) -> int:
+def _check(args: argparse.Namespace, config) -> int:
+    import json
+
     from argus_core.processor.links import LinkError, parse_at
-    from argus_grafana import check
+    from argus_grafana import check, generate
+    from argus_grafana.queries import queries_for
 
+    q = queries_for(config)
+    boards = {uid: json.loads(generate.encode(build(q)))
+              for uid, build in generate.BUILDERS.items()}
     try:
         at = None if args.at is None else parse_at(args.at) / 1e9
         report = check.check_all(args.check, job=args.job, rate_interval=args.rate_interval,
-                                 range_=args.range, at=at)
+                                 range_=args.range, at=at, boards=boards)
     except LinkError as exc:
         print(f"argus dashboards --check: error: --at {exc.message}", file=sys.stderr)
         return 2

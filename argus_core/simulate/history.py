@@ -37,10 +37,8 @@ import orjson
 from argus_core.processor.config import ProcessorConfig
 from argus_core.processor.core import Processor
 from argus_core.processor.metrics import ProcessorCollector
+from argus_core.rules.config import PROCESSOR_SCRAPE_JOB
 from argus_core.simulate.model import SimConfig, retimed, simulate
-
-EXPORTERS_SCRAPE_JOB = "argus-exporters"
-PROCESSOR_SCRAPE_JOB = "argus-processor"
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,13 @@ from pathlib import Path
 
 from argus_core.rules.alertmanager import alertmanager_config
 from argus_core.rules.alerts import alert_groups
-from argus_core.rules.config import RulesConfig, format_duration
+from argus_core.rules.config import (
+    EXPORTERS_SCRAPE_JOB,
+    PROCESSOR_SCRAPE_JOB,
+    SCORER_SCRAPE_JOB,
+    RulesConfig,
+    format_duration,
+)
 from argus_core.rules.generate import to_yaml
 from argus_core.rules.recording import recording_groups
 
@@ -31,7 +37,7 @@ def prometheus_config(rules: RulesConfig, targets_dir: Path, rule_files: list[st
     """prometheus.yml for the stack (targets are host:port)."""
     interval = format_duration(rules.scrape_interval)
     exporters = {
-        "job_name": "argus-exporters", "honor_labels": True, "scrape_interval": interval,
+        "job_name": EXPORTERS_SCRAPE_JOB, "honor_labels": True, "scrape_interval": interval,
         "file_sd_configs": [{"files": [str(targets_dir / "*.json")],
                              "refresh_interval": interval}],
     }
@@ -43,8 +49,8 @@ def prometheus_config(rules: RulesConfig, targets_dir: Path, rule_files: list[st
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
         "scrape_configs": [
             exporters,
-            _static("argus-processor", processor, interval),
-            _static("argus-scorer", scorer, interval),
+            _static(PROCESSOR_SCRAPE_JOB, processor, interval),
+            _static(SCORER_SCRAPE_JOB, scorer, interval),
             _static("prometheus", self_target, interval, honor=False),
             _static("alertmanager", alertmanager, interval, honor=False),
         ],
