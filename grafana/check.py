@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from argus_core.timeparse import parse_duration
 from argus_grafana import generate
 from argus_grafana import queries as q
 from argus_grafana.prometheus import PrometheusError, api
@@ -110,11 +111,11 @@ def substitute(expr: str, values: dict[str, list[str]]) -> str:
 
 
 def _duration_s(text: str) -> float:
-    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)", text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        raise CheckError(f"not a duration: {text!r} (use e.g. 30s, 5m, 1h)")
-    return sum(float(n) * units[u] for n, u in parts)
+    """Seconds of a Prometheus duration; CheckError naming the text otherwise."""
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise CheckError(str(exc)) from None
 
 
 # -- the check ---------------------------------------------------------------------------------

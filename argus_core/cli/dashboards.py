@@ -89,7 +89,7 @@ def write(out: str, provider_path: str | None, config, command: str):
 def _check(args: argparse.Namespace, config) -> int:
     import json
 
-    from argus_core.processor.links import LinkError, parse_at
+    from argus_core.timeparse import parse_instant
     from argus_grafana import check, generate
     from argus_grafana.queries import queries_for
 
@@ -97,12 +97,13 @@ def _check(args: argparse.Namespace, config) -> int:
     boards = {uid: json.loads(generate.encode(build(q)))
               for uid, build in generate.BUILDERS.items()}
     try:
-        at = None if args.at is None else parse_at(args.at) / 1e9
+        at = None if args.at is None else parse_instant(args.at) / 1e9
+    except ValueError as exc:
+        print(f"argus dashboards --check: error: --at {args.at!r}: {exc}", file=sys.stderr)
+        return 2
+    try:
         report = check.check_all(args.check, job=args.job, rate_interval=args.rate_interval,
                                  range_=args.range, at=at, boards=boards)
-    except LinkError as exc:
-        print(f"argus dashboards --check: error: --at {exc.message}", file=sys.stderr)
-        return 2
     except check.CheckError as exc:
         print(f"argus dashboards --check: error: {exc}", file=sys.stderr)
         return 2

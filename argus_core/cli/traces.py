@@ -12,17 +12,16 @@ no zone means UTC) or an age such as ``2h``, ``30m``, ``1h30m ago``.
 from __future__ import annotations
 
 import argparse
-import re
+import calendar
 import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from argus_core.timeparse import parse_duration, parse_instant
+
 PERFETTO_HINT = ("open https://ui.perfetto.dev and drag the file in "
                  "(or use its Open trace file button)")
-_AGE_RE = re.compile(r"(?:(\d+)([smhdw]))+")
-_AGE_PART_RE = re.compile(r"(\d+)([smhdw])")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 class _UsageError(Exception):
@@ -30,36 +29,31 @@ class _UsageError(Exception):
 
 
 def parse_time(text: str, now_ns: int | None = None) -> int:
-    """Nanoseconds since the epoch of an ISO-8601 time (UTC if no zone) or an age (``2h ago``)."""
+    """Nanoseconds since the epoch of an ISO-8601 time (UTC if no zone), Unix seconds or ms,
+    the store keys' compact form, or an age (``2h``, ``30m ago``)."""
     words = text.strip().lower().split()
     if words and words[-1] == "ago":
         words = words[:-1]
-    compact = "".join(words)
-    if _AGE_RE.fullmatch(compact):
-        seconds = sum(int(n) * _UNIT_S[unit] for n, unit in _AGE_PART_RE.findall(compact))
+    try:
+        age_s = parse_duration("".join(words))
+    except ValueError:
+        age_s = None
+    if age_s is not None:
         now = time.time_ns() if now_ns is None else now_ns
-        return (now // 1_000_000_000 - seconds) * 1_000_000_000  # whole seconds read better
+        return (now // 1_000_000_000) * 1_000_000_000 - round(age_s * 1e9)  # whole seconds
     value = text.strip()
-    if value.endswith(("Z", "z")):
-        value = value[:-1] + "+00:00"
-    moment = None
-    for parse in (datetime.fromisoformat, _parse_compact):
+    for parse in (_parse_compact, parse_instant):
         try:
-            moment = parse(value)
-            break
+            return parse(value)
         except ValueError:
             continue
-    if moment is None:
-        raise ValueError(f"not a time: {text!r} (use e.g. 2026-11-29T19:00:00Z, 2h or 30m ago)")
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    whole = int(moment.timestamp())
-    return whole * 1_000_000_000 + moment.microsecond * 1000
+    raise ValueError(f"not a time: {text!r} (use e.g. 2026-11-29T19:00:00Z, 2h or 30m ago)")
 
 
-def _parse_compact(value: str) -> datetime:
-    """The key's own form, ``20261129T190000`` (+00:00), so a key's label can be pasted back."""
-    return datetime.strptime(value.removesuffix("+00:00"), "%Y%m%dT%H%M%S").replace(tzinfo=UTC)
+def _parse_compact(value: str) -> int:
+    """The key's own form, ``20261129T190000Z``, so a key's label can be pasted back."""
+    moment = datetime.strptime(value.removesuffix("Z").removesuffix("z"), "%Y%m%dT%H%M%S")
+    return calendar.timegm(moment.timetuple()) * 1_000_000_000
 
 
 def _time_arg(words: list[str] | str) -> int:

@@ -36,7 +36,6 @@ chunk for ``write_timeout_s`` is cut off, so slow or stalled readers bound memor
 from __future__ import annotations
 
 import asyncio
-import calendar
 import hashlib
 import hmac
 import io
@@ -47,7 +46,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from decimal import Decimal
 from typing import Any, BinaryIO
 from urllib.parse import quote, urlsplit
 
@@ -61,6 +59,7 @@ from argus_core.processor.store import (
     find_traces,
     parse_key,
 )
+from argus_core.timeparse import parse_instant
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +74,10 @@ LOOKBACK_S = 600
 FILE_ROUTE = "/v1/traces/file/"
 MAX_RANK = 2**31 - 1
 MAX_JOB_CHARS = 1024
-MAX_AT_NS = (calendar.timegm((9999, 12, 31, 23, 59, 59)) + 1) * 1_000_000_000
-"""``at`` must be before the year 10000 (and not before 1970), like the store's keys."""
 DEFAULT_MAX_DOWNLOADS = 8
 DEFAULT_WRITE_TIMEOUT_S = 30.0
 CHUNK_BYTES = 256 * 1024
 RETRY_AFTER_S = 5
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_EPOCH_MS_DIGITS = 12  # 12+ digits: milliseconds (Grafana); fewer: seconds
-_MAX_AT_CHARS = 64
-_NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")  # ASCII only: \d would take other scripts' digits
 _RANK_TEXT = re.compile(r"[0-9]{1,10}")
 _EXPIRY_TEXT = re.compile(r"[0-9]{1,12}")
 _SIGNATURE_TEXT = re.compile(r"[0-9a-f]{64}")
@@ -109,37 +102,12 @@ def _shown(text: str, limit: int = 40) -> str:
 
 
 def parse_at(text: str) -> int:
-    """Nanoseconds since the epoch of ``at``: ISO-8601 (UTC if no zone), Unix ms or s.
-
-    Raises LinkError(400) for text that is neither, or a time outside the years 1970-9999
-    (what the store's keys can hold), so no later step overflows a datetime.
-    """
-    value = text.strip()
-    if len(value) > _MAX_AT_CHARS:
-        raise LinkError(400, f"at={_shown(text)}: too long for a time")
-    if _NUMBER.fullmatch(value):
-        whole = value.split(".")[0]
-        scale = 1_000_000 if len(whole) >= _EPOCH_MS_DIGITS else 1_000_000_000
-        at_ns = int(Decimal(value) * scale)  # exact: a float would round nanoseconds
-    else:
-        at_ns = _parse_iso(text, value)
-    if not 0 <= at_ns < MAX_AT_NS:
-        raise LinkError(400, f"at={_shown(text)}: outside the years 1970 to 9999")
-    return at_ns
-
-
-def _parse_iso(text: str, value: str) -> int:
-    """Nanoseconds since the epoch of an ISO-8601 time (exact integer arithmetic)."""
+    """Nanoseconds since the epoch of ``at`` (:func:`argus_core.timeparse.parse_instant`);
+    LinkError(400) naming the argument for text that is no time."""
     try:
-        moment = datetime.fromisoformat(value[:-1] + "+00:00" if value.endswith(("Z", "z"))
-                                        else value)
-    except ValueError:
-        raise LinkError(400, f"at={_shown(text)}: use ISO-8601 (2026-11-29T19:00:00Z) or Unix "
-                             "milliseconds") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    delta = moment - _EPOCH  # aware subtraction never leaves the calendar, unlike timestamp()
-    return ((delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds) * 1000
+        return parse_instant(text)
+    except ValueError as exc:
+        raise LinkError(400, f"at={_shown(text)}: {exc}") from None
 
 
 def parse_link_query(query: Mapping[str, str]) -> tuple[str, int, int]:
@@ -205,7 +173,8 @@ def presigned_url(store: TraceStore, key: str, expires_s: int) -> str | None:
 def _iso(ns: int) -> str:
     """``ns`` as ISO-8601 UTC with microseconds (exact), or plain ns outside years 1-9999."""
     try:
-        return (_EPOCH + timedelta(microseconds=ns // 1000)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=ns // 1000)
+        return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     except OverflowError:
         return f"{ns} ns since the epoch"
 

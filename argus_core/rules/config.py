@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from argus_core.detect.cost import MIN_COST_SHARE
 from argus_core.detect.l1 import L1Config
 from argus_core.detect.l2 import L2Config
+from argus_core.timeparse import parse_duration
 
 _L1 = L1Config()
 _L2 = L2Config()
@@ -206,21 +206,6 @@ class RulesConfig:
     def judged_steps(self) -> int:
         """Steps a rank must have done before its rolling window holds no warm-up step."""
         return self.warmup_steps + self.exporter_window_steps
-
-
-_DURATION = re.compile(r"^(?:(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y))+$")
-_UNIT_S = {"ms": 1e-3, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400, "y": 365 * 86400}
-
-
-def parse_duration(value) -> float:
-    """Seconds from a number or a Prometheus duration string (``90s``, ``1m30s``, ``500ms``)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    text = str(value).strip()
-    if not _DURATION.match(text):
-        raise ValueError(f"{value!r} is not a duration (expected e.g. 15s, 2m, 1h30m, 500ms)")
-    return sum(float(n) * _UNIT_S[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)",
-                                                             text))
 
 
 def format_duration(seconds: float) -> str:
