@@ -36,7 +36,6 @@ import itertools
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,17 +46,13 @@ import numpy as np
 import orjson
 from _report import report
 
+from argus_core.stack.processes import free_port
+
 BATCH = 10_000
 STEP_NS = 250_000_000  # record time covered by one batch of one rank
 T0 = (time.time_ns() // 60_000_000_000 - 23 * 60) * 60_000_000_000  # 23 h ago, whole minute
 NAMES = [f"sm90_xmma_gemm_{i}" for i in range(40)] + [f"ncclDevKernel_AllReduce_{i}"
                                                       for i in range(8)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Bodies:

@@ -24,7 +24,6 @@ import argparse
 import gzip
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,7 @@ from _report import report
 
 from argus_core.detect.diagnose import diagnose
 from argus_core.reader import load_traces
+from argus_core.stack.processes import free_port
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "tests" / "scripts"
 SCRIPT = SCRIPTS / "ddp_train.py"
@@ -121,16 +121,10 @@ STEPS = 60
 WIDTH = 1024  # ~20 ms steps on one core
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def run_case(case: Case, spool: Path, steps: int = STEPS) -> None:
     """Run the case's job to completion, spooling its records under ``spool``."""
     torchrun = [str(BIN / "torchrun"), "--nproc-per-node", str(case.ranks), "--master-port",
-                str(_free_port()), str(case.script)]
+                str(free_port()), str(case.script)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ARGUS_TEST_STEPS": str(steps),
            "ARGUS_TEST_WIDTH": str(WIDTH), **case.env}
     if case.zero_code:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
+
+from argus_core.stack.processes import free_port
 
 PROMETHEUS = "prometheus"
 PROMTOOL = "promtool"
@@ -33,12 +34,6 @@ def available() -> str | None:
     missing = [b for b in (PROMETHEUS, PROMTOOL) if shutil.which(b) is None]
     return None if not missing else (f"{' and '.join(missing)} not found "
                                      "(apt-get install prometheus)")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class LocalPrometheus:
@@ -96,7 +91,7 @@ class LocalPrometheus:
         """Start Prometheus on a free port and wait until it is ready."""
         config = self.workdir / "prometheus.yml"
         config.write_text("global:\n  scrape_interval: 15s\n  evaluation_interval: 15s\n")
-        self.port = _free_port()
+        self.port = free_port()
         log = open(self.workdir / "prometheus.log", "ab")  # noqa: SIM115 (held by the process)
         self.proc = subprocess.Popen(
             [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={self.data}",

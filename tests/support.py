@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import socket
+from argus_core.stack.processes import free_port
 
-
-def free_port() -> int:
-    """A TCP port on loopback that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+__all__ = ["free_port", "wait_for"]
 
 
 def wait_for(condition, what: str, timeout: float = 90.0, poll_s: float = 0.05):

@@ -107,14 +107,22 @@ def l2_alerts(config: RulesConfig) -> list[dict]:
     straggler_parts = []
     for axis in config.axes if config.l2_source == L2_PROMQL else ():
         group = group_labels(axis, "phase")
+        median = f"axis_group:argus_phase_seconds:median{on_axis(axis)}"
+        # Past the threshold, and costing the job the verdicts' floor: the rank's excess over
+        # its group's median is at least min_cost_share of the job's step (the slowest
+        # rank's median step, as the scorer measures it).
         straggler_parts.append(
             "(\n"
             f"  {phases}\n"
             f"  > on ({group}) group_left\n"
             f"  axis_group:argus_phase_seconds:threshold{on_axis(axis)}\n"
+            "and\n"
+            f"  ({phases} - on ({group}) group_left {median})\n"
+            f"  >= on (job) group_left {config.min_cost_share:g} * "
+            "job:argus_step_window_seconds:median\n"
             ")\n"
             f"/ on ({group}) group_left (axis)\n"
-            f"axis_group:argus_phase_seconds:median{on_axis(axis)}")
+            f"{median}")
     straggler_parts.append(scorer)
     link = select("argus_phase_straggler_ratio", 'kind="communication"', sel.scorer)
     return [

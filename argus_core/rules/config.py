@@ -145,9 +145,11 @@ class RulesConfig:
     attribution_share: float = _doc("ArgusHostStall: the rank's extra host time explains at "
                                     "least this share of the job's slowest step's excess",
                                     _L1.attribution_share)
-    min_cost_share: float = _doc("ArgusHostStall: the rank's extra host time also costs the "
-                                 "job at least this share of the host window (the core's "
-                                 "cost floor for a verdict)", MIN_COST_SHARE)
+    min_cost_share: float = _doc("the core's cost floor for a verdict, in the per-rank "
+                                 "alerts: ArgusHostStall's extra host time costs the job at "
+                                 "least this share of the host window, and (l2_source promql) "
+                                 "ArgusStragglerRank's excess over its group's median at "
+                                 "least this share of the job's step", MIN_COST_SHARE)
     l2_min_ratio: float = _doc("L2: a rank's phase time over its group's median",
                                _L2.min_ratio)
     l2_alpha: float = _doc("L2: expected falsely flagged statistics per job; the z threshold "

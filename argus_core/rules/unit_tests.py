@@ -500,7 +500,8 @@ def l2_scorer_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
 def l2_promql_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
     """``l2_source: promql``: the rules' comparison (a compute straggler in a dp group of
     four; its peers' waiting in the all-reduce is not slowness; a rank halfway to the
-    threshold raises nothing)."""
+    threshold raises nothing; the same straggler in a job whose step is so long that its
+    excess costs less than ``min_cost_share`` of it raises nothing either)."""
     onset = 0
     samples = _for_intervals(config, config.for_straggler) + 2
     series: list[Series] = []
@@ -508,20 +509,29 @@ def l2_promql_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
     # dp group of four: 4 mlp statistics and 4 dp-allreduce ones; nothing on other axes.
     margin = l2_margin(config, tests=8)
     slow = base * math.exp(margin) * 1.5
-    for rank in range(4):
-        labels = rank_labels(config, "train", rank, dp=rank)
-        mlp = slow if rank == 3 else base
-        wait = 0.0 if rank == 3 else slow - base
-        series.append(Series("argus_steps_total", labels, [100.0 + k for k in range(samples)]))
-        series.append(Series("argus_phase_window_seconds",
-                             {**labels, "phase": "mlp", "stat": "median"}, [mlp] * samples))
-        series.append(Series("argus_phase_window_seconds",
-                             {**labels, "phase": "dp-allreduce", "stat": "median"},
-                             [0.0625 + wait] * samples))
+    # The job's step (its slowest rank's median): the excess costs 20x the floor in "train"
+    # and half of it in "cheap".
+    costly_step = (slow - base) / (20 * config.min_cost_share)
+    for job, step_s in (("train", costly_step), ("cheap", 40 * costly_step)):
+        for rank in range(4):
+            labels = rank_labels(config, job, rank, dp=rank)
+            mlp = slow if rank == 3 else base
+            wait = 0.0 if rank == 3 else slow - base
+            series.append(Series("argus_steps_total", labels,
+                                 [100.0 + k for k in range(samples)]))
+            series.append(Series("argus_step_window_seconds", {**labels, "stat": "median"},
+                                 [step_s] * samples))
+            series.append(Series("argus_phase_window_seconds",
+                                 {**labels, "phase": "mlp", "stat": "median"}, [mlp] * samples))
+            series.append(Series("argus_phase_window_seconds",
+                                 {**labels, "phase": "dp-allreduce", "stat": "median"},
+                                 [0.0625 + wait] * samples))
     near = base * math.exp(l2_margin(config, tests=4) / 2)  # halfway: no alert
     for rank in range(4):
         labels = rank_labels(config, "fine", rank, dp=rank)
         series.append(Series("argus_steps_total", labels, [100.0 + k for k in range(samples)]))
+        series.append(Series("argus_step_window_seconds", {**labels, "stat": "median"},
+                             [costly_step] * samples))
         series.append(Series("argus_phase_window_seconds",
                              {**labels, "phase": "mlp", "stat": "median"},
                              [near if rank == 3 else base] * samples))
@@ -533,9 +543,10 @@ def l2_promql_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
                               "$labels.job": "train", "$labels.axis": "dp",
                               "$labels.phase": "mlp",
                               '$value | printf "%.2f"': f"{slow / base:.2f}"}))
-    return [_test(config, "ArgusStragglerRank: the slow rank, not the ranks waiting for it",
-                  series, alerts=_fires(config, "ArgusStragglerRank", onset,
-                                        config.for_straggler, [straggler]))]
+    return [_test(config, "ArgusStragglerRank: the slow rank, not the ranks waiting for it, "
+                  "and only where its excess costs the job", series,
+                  alerts=_fires(config, "ArgusStragglerRank", onset, config.for_straggler,
+                                [straggler]))]
 
 
 def l2_scorer_finding_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
