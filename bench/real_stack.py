@@ -1,6 +1,6 @@
 """Benchmark: the live alerts on real training jobs, the local stack fed by real torch jobs.
 
-    python bench/real_stack.py [--json] [--minutes 3] [--cases straggler,healthy]
+    python bench/real_stack.py [--json] [--minutes 6] [--cases straggler,healthy] [--dump DIR]
 
 For each case, ``argus stack up`` (Prometheus with the rules, Alertmanager, the processor,
 the scorer, S3 on loopback; time scale 15) and one real 4-rank torch DDP job on CPU
@@ -47,7 +47,7 @@ def argus(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, timeout=300)
 
 
-def run_case(name: str, minutes: float, workdir: Path) -> dict:
+def run_case(name: str, minutes: float, workdir: Path, dump: Path | None = None) -> dict:
     """One stack, one real job for ``minutes``; the fail-slow alerts that fired."""
     env_fault, expected = CASES[name]
     up = argus("stack", "up", "--workdir", str(workdir))
@@ -72,6 +72,8 @@ def run_case(name: str, minutes: float, workdir: Path) -> dict:
             raise RuntimeError(f"the job failed: {job.stderr[-20000:]}")
         time.sleep(5)  # the last scrape, evaluation and notification
         regression = regression_extremes(status["prometheus"], name, time.time() - started)
+        if dump:
+            dump_series(status["prometheus"], name, started, dump / f"{name}.json")
         fired = []
         alerts = Path(workdir / "alerts.ndjson")
         for line in alerts.read_text().splitlines() if alerts.exists() else []:
@@ -90,6 +92,24 @@ def run_case(name: str, minutes: float, workdir: Path) -> dict:
             "first_s": first, "regression": regression, "as_expected": wanted_ok and not extra}
 
 
+DUMPED = ("job:argus_iteration_seconds:max_rate", "job:argus_iteration_seconds:recent_median",
+          "job:argus_iteration_regression:ratio", "job:argus_iteration_regression:threshold")
+
+
+def dump_series(prometheus: str, job: str, started: float, path: Path) -> None:
+    """The job's L1 trend series over its run, every 2 s ({name: [[t, value], ...]}): what
+    the regression rule saw, to study its noise."""
+    out = {}
+    for name in DUMPED:
+        result = api(prometheus, "/api/v1/query_range",
+                     {"query": f'{name}{{job="{job}"}}', "start": f"{started:.3f}",
+                      "end": f"{time.time():.3f}", "step": "2"})
+        out[name] = [[float(t) - started, float(v)] for item in result["result"]
+                     for t, v in item["values"]]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out))
+
+
 def regression_extremes(prometheus: str, job: str, seconds: float) -> dict:
     """The L1 regression rule's highest ratio and lowest threshold over the job's run (the
     threshold exists once the job is old enough for its noise to be read)."""
@@ -106,15 +126,17 @@ def regression_extremes(prometheus: str, job: str, seconds: float) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--minutes", type=float, default=3.0)
+    parser.add_argument("--minutes", type=float, default=6.0)
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--dump", type=Path, metavar="DIR",
+                        help="write each case's L1 trend series there (CASE.json)")
     args = parser.parse_args()
     results = {}
     for name in args.cases.split(","):
         if name not in CASES:
             parser.error(f"unknown case {name!r} (one of {', '.join(CASES)})")
         with tempfile.TemporaryDirectory() as tmp:
-            results[name] = run_case(name, args.minutes, Path(tmp))
+            results[name] = run_case(name, args.minutes, Path(tmp), args.dump)
         print(f"{name}: {results[name]}", file=sys.stderr, flush=True)
     report({"minutes": args.minutes, "cases": results,
             "as_expected": all(r["as_expected"] for r in results.values())}, args.json)

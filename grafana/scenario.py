@@ -46,6 +46,7 @@ def replay(workdir: str | Path, minutes: float = 20.0, store_url: str | None = N
            rule_files: list[Path] | None = None, seed: int = 0) -> Scenario:
     """Simulate, record, backfill and start Prometheus; the caller stops it."""
     from argus_core.processor.config import ProcessorConfig
+    from argus_core.rules.config import PROCESSOR_SCRAPE_JOB
     from argus_core.simulate import SimConfig, parse_fault
     from argus_core.simulate.history import Incidents, record_history
     from argus_core.topology import Topology
@@ -65,7 +66,8 @@ def replay(workdir: str | Path, minutes: float = 20.0, store_url: str | None = N
     duration_s = minutes * 60
     start_ns = time.time_ns() - int((duration_s + 3600) * 1e9)  # ends an hour ago
     history = record_history(
-        [straggler, healthy], processor, start_ns, time_scale=TIME_SCALE,
+        [straggler, healthy], processor, start_ns, processor_job=PROCESSOR_SCRAPE_JOB,
+        time_scale=TIME_SCALE,
         incidents=Incidents(processor_outage=(duration_s * 0.45, duration_s * 0.45 + 60),
                             bad_record_every_s=duration_s / 4))
     prometheus = LocalPrometheus(workdir / "prometheus")

@@ -18,9 +18,9 @@ import os
 import numpy as np
 import pytest
 from promtools import promtool_test
+from rules_scenarios import SCENARIO_TIME_SCALE, stretched, write_scenario
 
 from argus_core.rules.config import L2_SOURCES, RulesConfig
-from argus_core.rules.scenarios import SCENARIO_TIME_SCALE, stretched, write_scenario
 from argus_core.simulate.cases import CASES
 from argus_core.simulate.faults import parse_fault
 from argus_core.simulate.model import SimConfig

@@ -25,11 +25,11 @@ import numpy as np
 import pytest
 from prom_support import Prometheus, serve_collectors
 from prometheus_client.core import GaugeMetricFamily
+from rules_scenarios import METRICS_SOURCE, core_expectation
 from test_rules_agreement import random_spec
 
 from argus_core.detect.l2 import MIN_SECONDS, L2Config
 from argus_core.rules.config import RulesConfig
-from argus_core.rules.scenarios import METRICS_SOURCE, core_expectation
 from argus_core.schema import AXES, parse_record
 from argus_core.score.service import ScoreConfig, Scorer
 from argus_core.simulate.cases import CASES

@@ -17,7 +17,12 @@ def register(commands) -> None:
     p = commands.add_parser(
         "generate", help="write the rules, alerts, routing, their tests and the dashboards "
                          "from one config",
-        description=__doc__.splitlines()[0] + " See argus.yml for every setting.")
+        description="Write every generated file from one config (the defaults overridden by "
+                    "--config; argus.yml lists every setting): the recording rules, alerts, "
+                    "Alertmanager routing and promtool tests under DIR/recording_rules and "
+                    "DIR/alerting, argus.yml, and the Grafana dashboards with their "
+                    "provisioning file under DIR/grafana. Rules and dashboards then agree on "
+                    "every setting; never edit the generated files.")
     p.add_argument("--out", required=True, metavar="DIR", help="directory to write into")
     p.add_argument("--config", metavar="FILE",
                    help="YAML file of settings to override (the keys of argus.yml)")

@@ -22,16 +22,12 @@ from pathlib import Path
 from argus_core.detect.cost import MIN_COST_SHARE
 from argus_core.detect.l1 import L1Config
 from argus_core.detect.l2 import L2Config
+from argus_core.score.core_adapter import PROMQL_AXES, WINDOW_STEPS
 from argus_core.timeparse import parse_duration
 
 _L1 = L1Config()
 _L2 = L2Config()
 
-# Axes whose compute-phase comparisons (groups of three or more) the recording rules make
-# with ``l2_source: promql``. The pipeline axis is the scorer's: which stages do alike work is
-# read off the kernels the processors see; so are pairs (who waits) and collectives (arrival
-# skew).
-PROMQL_AXES = ("dp", "tp", "ep")
 # Where L2 comes from: the scorer runs the core's L2 and the rules rename its small results
 # (the default), or the rules compute the compute-phase comparisons themselves in PromQL.
 L2_SCORER, L2_PROMQL = "scorer", "promql"
@@ -132,7 +128,7 @@ class RulesConfig:
     warmup_steps: int = _doc("first steps of a rank not judged (compilation, warm-up)",
                              _L1.warmup_steps)
     exporter_window_steps: int = _doc("ARGUS_WINDOW_STEPS of the exporters (steps in the "
-                                      "rolling-window gauges)", 32)
+                                      "rolling-window gauges)", WINDOW_STEPS)
     spike_ratio: float = _doc("L1 spike: the slowest recent step over the rolling median",
                               _L1.spike_ratio)
     min_regression: float = _doc("L1 regression: recent over baseline iteration time",

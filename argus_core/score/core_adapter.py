@@ -34,9 +34,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from argus_core.rules.config import PROMQL_AXES, RulesConfig
 from argus_core.schema import AXES
 from argus_core.score.snapshot import JobSnapshot, PhaseTable
+from argus_exporters.config import Settings
+
+PROMQL_AXES = ("dp", "tp", "ep")
+"""Axes whose compute-phase comparisons (groups of three or more) the recording rules make
+with ``l2_source: promql``; the scorer publishes the rest. The pipeline axis is the
+scorer's: which stages do alike work is read off the kernels the processors see; so are
+pairs (who waits) and collectives (arrival skew)."""
+WINDOW_STEPS = Settings.window_steps
+"""Steps in the exporters' rolling windows (their ARGUS_WINDOW_STEPS default)."""
 
 
 @dataclass
@@ -181,13 +189,13 @@ def judge_phases(table: PhaseTable, config=None, stages: np.ndarray | None = Non
         window_waits(times, matrix, table.coords, table.minimum)
     noise = None
     if table.noise is not None:
-        noise = WindowNoise(table.noise, RulesConfig.exporter_window_steps)
+        noise = WindowNoise(table.noise, WINDOW_STEPS)
     return detect_l2(matrix, table.coords, np.ones(1, dtype=bool), config, times, stages,
                      noise)
 
 
 def window_waits(times, matrix, coords: np.ndarray, minimum: np.ndarray,
-                 window_steps: int = RulesConfig.exporter_window_steps) -> None:
+                 window_steps: int = WINDOW_STEPS) -> None:
     """Waiting and transfer of the collectives in a one-"step" matrix of window medians, with
     the bound that members of a collective finish together taken from the window's shortest
     times (``minimum``, ranks x phases) instead of the medians.

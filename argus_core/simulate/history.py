@@ -37,7 +37,6 @@ import orjson
 from argus_core.processor.config import ProcessorConfig
 from argus_core.processor.core import Processor
 from argus_core.processor.metrics import ProcessorCollector
-from argus_core.rules.config import PROCESSOR_SCRAPE_JOB
 from argus_core.simulate.model import SimConfig, retimed, simulate
 
 
@@ -141,7 +140,8 @@ class SimulatedClock:
 
 
 def record_history(jobs: list[SimConfig], processor_config: ProcessorConfig, start_ns: int, *,
-                   scrape_s: float = 5.0, flush_s: float = 2.0, batch_records: int = 256,
+                   processor_job: str, scrape_s: float = 5.0, flush_s: float = 2.0,
+                   batch_records: int = 256,
                    kernel_duty: int = 20, window_steps: int = 32, time_scale: float = 1.0,
                    incidents: Incidents = Incidents(),
                    exporter_instance=lambda job, host: f"{host}:9400",
@@ -149,8 +149,9 @@ def record_history(jobs: list[SimConfig], processor_config: ProcessorConfig, sta
     """Run ``jobs`` (concurrently, all starting at the same time) through exporters and a
     processor started with ``processor_config`` on the simulated clock, and return what
     scrapes every ``scrape_s`` would have stored, from ``start_ns`` until the first job ends
-    (so every job is still running at the last scrape). The processor writes its windows as
-    it goes and is drained (every window written and uploaded) before this returns."""
+    (so every job is still running at the last scrape). The processor's own series get the
+    scrape job ``processor_job``. The processor writes its windows as it goes and is drained
+    (every window written and uploaded) before this returns."""
     from argus_exporters.health import Health
     from argus_exporters.identity import RankIdentity
     from argus_exporters.metrics import StepMetrics
@@ -238,7 +239,7 @@ def record_history(jobs: list[SimConfig], processor_config: ProcessorConfig, sta
                 for family in state.metrics.collect():
                     history.add(family, {"instance": instance}, None, at_s)
             for family in scrape.collect():
-                history.add(family, {"instance": processor_instance}, PROCESSOR_SCRAPE_JOB, at_s)
+                history.add(family, {"instance": processor_instance}, processor_job, at_s)
             history.end_ns = now_ns
             now_ns += tick_ns
         return history
