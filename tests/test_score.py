@@ -94,6 +94,28 @@ def test_beyond_promql_publishes_only_what_promql_rules_cannot_judge(prometheus)
     assert "argus_phase_straggler_ratio" not in samples(scorer)
     with pytest.raises(ValueError, match="--l2-findings 'some'"):
         config(prometheus.url, l2_findings="some")
+    # Rules that compare only tp (their `axes`) leave the dp group's finding to the scorer.
+    scorer = Scorer(config(prometheus.url, l2_findings="beyond-promql", promql_axes=("tp",)))
+    assert scorer.run_round()
+    assert {s["axis"] for s, _ in samples(scorer)["argus_phase_straggler_ratio"]} == {"dp"}
+
+
+def test_the_scorer_takes_what_it_shares_with_the_rules_from_their_config(tmp_path):
+    """``argus score --config``: the rules' l2_source and axes decide what it publishes, and
+    their rate window and selector how it reads; flags override the file."""
+    from argus_core.cli.score import shared_settings
+
+    path = tmp_path / "argus.yml"
+    path.write_text("l2_source: promql\naxes: [dp]\nrate_window: 5m\n"
+                    "selectors: {exporters: 'cluster=\"eu\"', processor: 'cluster=\"eu\"'}\n")
+    assert shared_settings(str(path)) == {
+        "l2_findings": "beyond-promql", "promql_axes": ("dp",), "rate_window": "5m",
+        "selector": 'cluster="eu"'}
+    assert shared_settings(None) == {}
+    path.write_text("selectors: {exporters: 'cluster=\"eu\"'}\n")
+    with pytest.raises(ValueError, match="one selector"):
+        shared_settings(str(path))
+    assert shared_settings(str(path), selector_given=True)["l2_findings"] == "all"
 
 
 def test_shards_split_the_jobs_between_scorers(prometheus):

@@ -31,7 +31,7 @@ def register(commands) -> None:
                    help="ranks at the same position on this axis are peers (default pp)")
     p.add_argument("--window", type=float, default=60.0, metavar="S",
                    help="the processors' --window (default 60)")
-    p.add_argument("--rate-window", default="2m", metavar="DURATION",
+    p.add_argument("--rate-window", default=None, metavar="DURATION",
                    help="window of each rank's steps per second (default 2m)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="S",
                    help="deadline of each query attempt: connecting, sending and the whole "
@@ -41,9 +41,14 @@ def register(commands) -> None:
                    help="longest answer read from Prometheus per query; a longer one fails "
                         f"its job (default {DEFAULT_MAX_ANSWER_BYTES >> 20}: a peer set of "
                         "2,000 ranks x 100 kernels is about 170 MB)")
-    p.add_argument("--selector", default="", metavar="MATCHERS",
+    p.add_argument("--config", metavar="FILE",
+                   help="the rules' config (argus.yml's keys): the scorer takes the settings "
+                        "it shares with the rules from it: l2_source (which L2 findings to "
+                        "publish), axes, rate_window and the exporters' and processors' "
+                        "selector (the flags below override it)")
+    p.add_argument("--selector", default=None, metavar="MATCHERS",
                    help="extra label matchers, e.g. 'cluster=\"eu\"'")
-    p.add_argument("--l2-findings", default="all", choices=["all", "beyond-promql"],
+    p.add_argument("--l2-findings", default=None, choices=["all", "beyond-promql"],
                    help="L2 findings to publish: all (default; rules with l2_source: "
                         "scorer) or only those the l2_source: promql rules cannot make")
     p.set_defaults(run=run)
@@ -62,18 +67,42 @@ def run(args: argparse.Namespace) -> int:
                              f"of MiB >= 1")
         if not slash or not index.isdigit() or not count.isdigit() or int(count) < 1:
             raise ValueError(f"--shard {args.shard!r}: expected I/N, e.g. 0/4")
+        shared = shared_settings(args.config, selector_given=args.selector is not None)
+        flags = {"selector": args.selector, "l2_findings": args.l2_findings,
+                 "rate_window": args.rate_window}
+        shared.update({k: v for k, v in flags.items() if v is not None})
         config = ScoreConfig(prometheus=args.prometheus, interval_s=args.interval,
                              shard=int(index), shards=int(count), peer_axis=args.peer_axis,
-                             window_s=args.window, rate_window=args.rate_window,
-                             timeout_s=args.timeout, selector=args.selector,
-                             l2_findings=args.l2_findings,
-                             max_answer_bytes=args.max_answer_mb << 20)
+                             window_s=args.window, timeout_s=args.timeout,
+                             max_answer_bytes=args.max_answer_mb << 20, **shared)
         from argus_core.score.prometheus import PrometheusAPI
 
         PrometheusAPI(config.prometheus, timeout_s=config.timeout_s)  # validates the URL
-    except ValueError as exc:
+    except (OSError, ValueError) as exc:
         print(f"argus score: error: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     serve(config, host, port)
     return 0
+
+
+def shared_settings(path: str | None, selector_given: bool = False) -> dict:
+    """The ScoreConfig settings the rules' config decides (none without a file): which L2
+    findings to publish for its ``l2_source`` and on which ``axes`` the rules compare, its
+    ``rate_window``, and its selector when the exporters' and processors' agree (the scorer
+    reads both with one)."""
+    if path is None:
+        return {}
+    from argus_core.rules.config import L2_PROMQL, format_duration, load_config
+    from argus_core.score.core_adapter import L2_FINDINGS_ALL, L2_FINDINGS_BEYOND_PROMQL
+
+    rules = load_config(path)
+    if rules.selectors.exporters != rules.selectors.processor and not selector_given:
+        raise ValueError(f"{path}: the scorer reads the exporters' and the processors' series "
+                         f"with one selector, but selectors.exporters is "
+                         f"{rules.selectors.exporters!r} and selectors.processor "
+                         f"{rules.selectors.processor!r}: make them equal or pass --selector")
+    promql = rules.l2_source == L2_PROMQL
+    return {"l2_findings": L2_FINDINGS_BEYOND_PROMQL if promql else L2_FINDINGS_ALL,
+            "promql_axes": rules.axes, "rate_window": format_duration(rules.rate_window),
+            "selector": rules.selectors.exporters}

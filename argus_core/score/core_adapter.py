@@ -111,10 +111,12 @@ class Judgement:
 
 
 def judge(snapshot: JobSnapshot, peer_axis: str = "pp",
-          l2_findings: str = L2_FINDINGS_ALL) -> Judgement:
+          l2_findings: str = L2_FINDINGS_ALL,
+          promql_axes: tuple[str, ...] = PROMQL_AXES) -> Judgement:
     """Judge one job with the core: L2 on the phase medians (waiting from arrival skew),
     L3 on the kernel summaries (waiting excused), and verdicts. ``l2_findings`` says which
-    L2 findings are published: all, or those beyond the ``promql`` rules' comparisons."""
+    L2 findings are published: all, or those beyond the ``promql`` rules' comparisons (on
+    ``promql_axes``, the rules' ``axes``)."""
     if l2_findings not in L2_FINDINGS:
         raise ValueError(f"l2_findings {l2_findings!r}: expected one of {', '.join(L2_FINDINGS)}")
     from argus_core.detect.diagnose import DiagnoseConfig
@@ -130,7 +132,7 @@ def judge(snapshot: JobSnapshot, peer_axis: str = "pp",
                           stage_classes(snapshot, snapshot.phases))
         out.wait_s, out.l2_tests, out.z_family = l2.wait_s, l2.tests, l2.z_family
         published = (all_findings(l2, snapshot.phases) if l2_findings == L2_FINDINGS_ALL
-                     else beyond_promql(l2, snapshot.phases))
+                     else beyond_promql(l2, snapshot.phases, promql_axes))
         context = _context(snapshot)
         worth = {(f.rank, f.phase) for f in l2.findings
                  if worth_a_page(f.excess_s, context, config.verdict.min_cost_share)}
@@ -253,9 +255,10 @@ def _rank_labels(table: PhaseTable, i: int) -> dict[str, str]:
             **{a: str(int(table.coords[i, k])) for k, a in enumerate(AXES)}}
 
 
-def beyond_promql(l2, table: PhaseTable) -> list[PhaseStraggler]:
+def beyond_promql(l2, table: PhaseTable,
+                  axes: tuple[str, ...] = PROMQL_AXES) -> list[PhaseStraggler]:
     """The findings of comparisons the ``promql`` recording rules do not make: collectives,
-    pairs and the pp axis."""
+    pairs, the pp axis and the axes left out of their ``axes``."""
     from argus_core.topology import axis_groups
 
     sizes = {}
@@ -264,7 +267,7 @@ def beyond_promql(l2, table: PhaseTable) -> list[PhaseStraggler]:
         sizes[axis] = np.bincount(gid)[gid]
     row = {int(r): i for i, r in enumerate(table.ranks.tolist())}
     return [f for f in all_findings(l2, table)
-            if not (f.kind == "compute" and f.axis in PROMQL_AXES
+            if not (f.kind == "compute" and f.axis in axes
                     and sizes[f.axis][row[f.rank]] >= 3)]  # the rules' comparison
 
 

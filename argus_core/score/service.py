@@ -41,7 +41,13 @@ import zlib
 from dataclasses import dataclass, field
 
 from argus_core.schema import AXES
-from argus_core.score.core_adapter import L2_FINDINGS, L2_FINDINGS_ALL, Judgement, judge
+from argus_core.score.core_adapter import (
+    L2_FINDINGS,
+    L2_FINDINGS_ALL,
+    PROMQL_AXES,
+    Judgement,
+    judge,
+)
 from argus_core.score.limits import DEFAULT_MAX_ANSWER_BYTES, DEFAULT_TIMEOUT_S
 from argus_core.score.prometheus import (
     BAD_LABELS,
@@ -83,6 +89,7 @@ class ScoreConfig:
     timeout_s: float = DEFAULT_TIMEOUT_S  # per query attempt: connect, send, whole answer
     selector: str = ""  # extra matchers on the processors' and exporters' series
     l2_findings: str = L2_FINDINGS_ALL  # which L2 findings to publish (core_adapter)
+    promql_axes: tuple[str, ...] = PROMQL_AXES  # beyond-promql: the axes the rules compare
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES  # longest answer read per query
 
     def __post_init__(self) -> None:
@@ -175,7 +182,8 @@ class Scorer:
         """Fetch one job and judge it with the core."""
         snapshot = fetch_job(self.api, job, self.config.selector, self.config.window_s,
                              self.config.rate_window, self.config.peer_axis)
-        return judge(snapshot, self.config.peer_axis, self.config.l2_findings)
+        return judge(snapshot, self.config.peer_axis, self.config.l2_findings,
+                     self.config.promql_axes)
 
     def run_forever(self) -> None:
         """Rounds every ``interval_s``; after failures, every 2, then 4 intervals (capped)."""
