@@ -78,27 +78,13 @@ def _start_probes(tracer: Tracer, settings: Settings, identity: RankIdentity) ->
         probe = KernelProbe(settings, identity, tracer.emit, tracer.health)
         if probe.start():
             probe.step_begin(0)
-            tracer.probes.append(_KernelSteps(probe))
+            tracer.probes.append(probe)
     if settings.stacks:
         from argus_exporters.stacks import StackProbe
 
         stacks = StackProbe(settings, identity, tracer.emit, tracer.health)
         if stacks.start():
             tracer.probes.append(stacks)
-
-
-class _KernelSteps:
-    """Adapts the kernel probe's step_begin/step_end to the tracer's per-step callback."""
-
-    def __init__(self, probe: Any):
-        self.probe = probe
-
-    def on_step(self, step: int, wall_s: float) -> None:
-        self.probe.step_end(step, wall_s)
-        self.probe.step_begin(step + 1)
-
-    def shutdown(self, timeout: float) -> None:
-        self.probe.shutdown(timeout)
 
 
 def instrument(model: Any, optimizer: Any = None) -> list[Any]:

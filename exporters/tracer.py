@@ -33,6 +33,7 @@ from argus_exporters.health import Health
 from argus_exporters.identity import RankIdentity
 from argus_exporters.metrics import StepMetrics
 from argus_exporters.otel import SpanEmitter
+from argus_exporters.probes import Probe
 from argus_exporters.records import encode, rank_record, step_record
 from argus_exporters.shipper import Shipper
 from argus_exporters.sinks import create_sink
@@ -178,7 +179,7 @@ class Tracer:
         self.metrics = StepMetrics(identity, self.health, settings.window_steps,
                                    lambda: self.shipper.depth)
         self.spans = SpanEmitter(identity) if settings.otel else None
-        self.probes: list[Any] = []
+        self.probes: list[Probe] = []
         self._lock = threading.Lock()
         self._poll_lock = threading.Lock()
         self._current = _Step(0)

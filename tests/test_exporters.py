@@ -510,3 +510,37 @@ def test_an_unexpected_error_at_start_leaves_argus_off(monkeypatch, caplog):
     monkeypatch.setenv("ARGUS_ENABLED", "1")
     assert isinstance(argus_exporters.start(), NoOpTracer)
     assert "disk on fire" in caplog.text
+
+
+def test_a_probe_is_told_every_step_and_shut_down_once(tmp_path):
+    """The Probe protocol: a probe on ``tracer.probes`` gets each completed step's index and
+    wall time on the training thread, and one shutdown at exit; a probe that raises at
+    shutdown does not stop the others. The built-in probes are Probes."""
+    from argus_exporters.kernels import KernelProbe
+    from argus_exporters.probes import NoOpProbe, Probe
+    from argus_exporters.stacks import StackProbe
+
+    class Recording(NoOpProbe):
+        def __init__(self):
+            self.steps, self.shutdowns = [], 0
+
+        def on_step(self, step, wall_s):
+            self.steps.append((step, wall_s))
+
+        def shutdown(self, timeout):
+            self.shutdowns += 1
+
+    class Broken(NoOpProbe):
+        def shutdown(self, timeout):
+            raise RuntimeError("a probe that fails at exit")
+
+    tracer = Tracer(settings(tmp_path), IDENTITY, clock=HostClock())
+    first, second = Recording(), Recording()
+    tracer.probes += [first, Broken(), second]
+    run_steps(tracer, 3, sleep=0.002)
+    tracer.shutdown()
+    tracer.shutdown()
+    assert [s for s, _ in first.steps] == [0, 1, 2] and all(w >= 0.002 for _, w in first.steps)
+    assert (first.shutdowns, second.shutdowns) == (1, 1)
+    assert all(isinstance(p, Probe) for p in tracer.probes)
+    assert issubclass(KernelProbe, Probe) and issubclass(StackProbe, Probe)

@@ -262,6 +262,12 @@ class KernelProbe:
         if not self._tracing and not self._backlog and self._cycle.traces(step):
             self._set_tracing(True)
 
+    def on_step(self, step: int, wall_s: float) -> None:
+        """The tracer's per-step call (:class:`argus_exporters.probes.Probe`): the step that
+        completed ends, the next one begins."""
+        self.step_end(step, wall_s)
+        self.step_begin(step + 1)
+
     def step_end(self, step: int, wall_s: float | None = None) -> None:
         """Disable CONCURRENT_KERNEL after a traced step (kept on when every step is traced).
 
