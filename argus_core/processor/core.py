@@ -116,6 +116,11 @@ class Processor:
         self._store_checked = 0.0
         self._uploads_at_check = 0
 
+    @property
+    def pending_windows(self) -> int:
+        """Closed windows waiting for the writer."""
+        return len(self._closing)
+
     # -- start ------------------------------------------------------------------------------
     def recover(self) -> None:
         """Bring back what a previous processor on this spool acknowledged: replay the log

@@ -101,7 +101,7 @@ class ProcessorCollector:
                     "Kernel events held in open windows, not yet handed to the writer.",
                     p.windows.buffered_events)
         yield gauge("argus_processor_pending_windows", "Closed windows waiting to be written.",
-                    len(p._closing))
+                    p.pending_windows)
         yield counter("argus_processor_windows_written", "Windows compressed and stored.",
                       p.windows_written)
         yield counter("argus_processor_kernel_events_written",
