@@ -76,14 +76,14 @@ def main() -> int:
     unbounded = processor.config.max_metrics_series >= 3 * k * args.ranks
     report({"ranks": args.ranks, "kernels_per_rank": k,
             "series": sum(1 for line in new.splitlines() if line.startswith(b"argus_kernel_")),
-            "left_out_ranks": processor.metrics_left_out,
+            "left_out_ranks": processor.stats.metrics_left_out,
             "baseline_render_s": baseline_s, "baseline_mb": len(old) / 2**20,
             "render_s": render_s, "render_mb": len(new) / 2**20,
             "speedup": baseline_s / render_s,
             "same_text": (sorted(old.splitlines()) == sorted(new.splitlines())
                           if unbounded else None),
             "lines_per_rank_ms": keep_s / args.ranks * 1e3,
-            "summary_memory_mb": processor.summary_bytes / 2**20}, args.json)
+            "summary_memory_mb": processor.stats.summary_bytes / 2**20}, args.json)
     processor.close()
     return 0
 

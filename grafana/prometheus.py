@@ -13,13 +13,12 @@ import json
 import re
 import shutil
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
-from argus_core.stack.processes import free_port
+from argus_core.stack.processes import free_port, poll_ready
 
 PROMETHEUS = "prometheus"
 PROMTOOL = "promtool"
@@ -98,19 +97,14 @@ class LocalPrometheus:
              f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=30d"],
             stdout=log, stderr=subprocess.STDOUT)
         log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise PrometheusError(f"prometheus exited with {self.proc.returncode}: "
-                                      f"{self._log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/-/ready", timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.1)
-        self.stop()
-        raise PrometheusError(f"prometheus not ready after {timeout:g} s: {self._log_tail()}")
+        ready = poll_ready(self.url + "/-/ready", lambda: self.proc.poll() is None, timeout)
+        if ready is None:
+            raise PrometheusError(f"prometheus exited with {self.proc.returncode}: "
+                                  f"{self._log_tail()}")
+        if not ready:
+            self.stop()
+            raise PrometheusError(f"prometheus not ready after {timeout:g} s: "
+                                  f"{self._log_tail()}")
 
     def stop(self) -> None:
         """Stop Prometheus (SIGTERM, then SIGKILL after 20 s)."""

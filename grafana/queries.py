@@ -174,7 +174,7 @@ def queries_for(config: RulesConfig | None = None) -> Queries:
     q.ARGUS_TARGETS = (f"up{{{up.exporters_up}}} or up{{{up.processor_up}}}"
                        f" or up{{{up.scorer_up}}}")
 
-# -- L1: Fail-slow overview --
+    # -- L1: Fail-slow overview --
     # The job's iteration time: the slowest rank's mean step time (synchronous training runs at
     # the speed of its slowest rank), over Grafana's rate interval.
     q.ITERATION_SECONDS = f"max by (job) ({_per_rank_step('argus_step_seconds_total', JOBS)})"

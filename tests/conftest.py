@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from support import free_port
 from argus_core.schema import parse_record
 from argus_core.simulate import simulate
 from argus_core.simulate.model import SimConfig
+from argus_core.stack.processes import poll_ready
 from argus_core.trace import Trace, TraceBuilder
 
 
@@ -57,17 +56,12 @@ class MotoServer:
         self.proc = subprocess.Popen(
             [str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"moto_server exited with {self.proc.returncode}")
-            try:
-                with urllib.request.urlopen(self.url + "/", timeout=1):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"moto_server did not answer on port {self.port}")
+        ready = poll_ready(self.url + "/", lambda: self.proc.poll() is None, timeout, 0.05)
+        if ready is None:
+            raise RuntimeError(f"moto_server exited with {self.proc.returncode}")
+        if not ready:
+            self.stop()
+            raise RuntimeError(f"moto_server did not answer on port {self.port}")
 
     def stop(self) -> None:
         """Stop the server (its buckets and objects are gone afterwards)."""

@@ -19,6 +19,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from support import free_port
 
 from argus_core.reader import load_traces
 from argus_core.taxonomy import is_comm_phase, phase_axis
@@ -303,7 +304,7 @@ def _graph_breaks(tmp_path, parallel: str, argus: bool, fault: dict,
         env.update(ARGUS_ENABLED="1", ARGUS_TEST_INSTRUMENT="1", ARGUS_JOB="compiled",
                    ARGUS_SINK=f"file://{spool}")
     command = [str(real_jobs.BIN / "torchrun"), "--nproc-per-node", "2", "--master-port",
-               str(real_jobs._free_port()), str(real_jobs.PARALLEL_SCRIPT)]
+               str(free_port()), str(real_jobs.PARALLEL_SCRIPT)]
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(Path(f"{counters}.0.json").read_text()), spool

@@ -192,7 +192,7 @@ def test_a_processor_that_never_drained_is_rebuilt_from_its_log(tmp_path):
 
     second = Processor(config(tmp_path))
     second.recover()
-    assert second.replayed_bodies == len(bodies)
+    assert second.stats.replayed_bodies == len(bodies)
     assert {(i.rank, i.host) for i in second.windows.identities()} == {
         (r, f"node-{r}") for r in range(3)}
     second.drain(timeout=30)
@@ -222,12 +222,12 @@ def test_written_windows_are_not_written_twice_and_late_stays_late(tmp_path):
 
     second = Processor(config(tmp_path))
     second.recover()
-    assert second.replayed_bodies == 1  # the bodies of the written window are not decoded
+    assert second.stats.replayed_bodies == 1  # the bodies of the written window are not decoded
     second.drain(timeout=30)
     contents = window_contents(store)
     assert contents[(0, T0)][0] == expected_slices(early)  # not the late ones, not twice
     assert contents[(0, T0 + W)][0] == expected_slices(after)
-    assert second.windows_written == 1  # only the window still open at the crash
+    assert second.stats.windows_written == 1  # only the window still open at the crash
 
 
 def test_a_clean_restart_keeps_the_ranks_identities(tmp_path):

@@ -63,8 +63,8 @@ def test_a_record_an_hour_ahead_is_refused_and_its_rank_keeps_going(tmp_path):
         assert await response.json() == {"accepted": 2, "rejected": 0}
 
     run(processor, scenario)
-    assert processor.kernel_events_written == 20
-    assert processor.rejected["start_ns"] == 1
+    assert processor.stats.kernel_events_written == 20
+    assert processor.stats.rejected["start_ns"] == 1
 
 
 def test_a_record_within_the_skew_does_not_close_windows_still_filling(tmp_path):
@@ -83,7 +83,7 @@ def test_a_record_within_the_skew_does_not_close_windows_still_filling(tmp_path)
                               "gzip")
     assert answer.status == 200 and "late_kernels" not in answer.body
     processor.drain(timeout=30)
-    assert processor.kernel_events_written == 15
+    assert processor.stats.kernel_events_written == 15
 
 
 @pytest.mark.parametrize("record, field", [
@@ -244,7 +244,7 @@ def test_a_forgotten_rank_never_reopens_a_written_window(tmp_path):
     answer = processor.ingest(ndjson_gz(kernel_batch(0, T0 + 5000, n=4, seed=9)), "gzip")
     assert answer.body.get("late_kernels") == 4
     processor.drain(timeout=30)
-    assert processor.windows_written == 1
+    assert processor.stats.windows_written == 1
 
 
 def test_ranks_beyond_the_cap_are_forgotten_least_recently_seen_first(tmp_path):
@@ -318,7 +318,7 @@ def test_slow_loris_clients_are_cut_off(tmp_path):
         assert health.status == 200
 
     run(processor, scenario)
-    assert processor.rejected["body"] == 1
+    assert processor.stats.rejected["body"] == 1
 
 
 def test_connections_beyond_the_cap_evict_the_stalled_ones(tmp_path):

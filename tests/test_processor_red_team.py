@@ -136,15 +136,15 @@ def test_records_spread_within_the_bounds_keep_windows_and_descriptors_bounded(t
     assert max(per_rank) <= processor.config.max_windows_per_rank
     peak = baseline
     deadline = time.monotonic() + 120
-    while processor.windows_written < 2 * 500 - sum(per_rank):
+    while processor.stats.windows_written < 2 * 500 - sum(per_rank):
         peak = max(peak, descriptors())
         assert time.monotonic() < deadline, "the writer did not catch up"
         time.sleep(0.01)
     assert peak <= baseline + 8
     processor.drain(timeout=60)
-    assert processor.windows_written == 1000
-    assert processor.kernel_events_written == 1000
-    assert processor.closed_early >= 1000 - 2 * processor.config.max_windows_per_rank
+    assert processor.stats.windows_written == 1000
+    assert processor.stats.kernel_events_written == 1000
+    assert processor.stats.closed_early >= 1000 - 2 * processor.config.max_windows_per_rank
     assert len(list((tmp_path / "store").rglob("*.pftrace.gz"))) == 1000
 
 

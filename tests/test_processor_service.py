@@ -60,7 +60,7 @@ def test_posted_kernels_come_out_as_summaries_and_exact_perfetto_files(tmp_path,
         assert response.status == 200
         processor.close_due()
         for _ in range(100):
-            if processor.windows_written >= 2:
+            if processor.stats.windows_written >= 2:
                 break
             await asyncio.sleep(0.05)
         response = await client.get("/metrics", headers={"Accept-Encoding": "gzip"})
@@ -88,7 +88,7 @@ def test_posted_kernels_come_out_as_summaries_and_exact_perfetto_files(tmp_path,
     events = named_events(store.get(files[0]))
     assert {"step 41", "forward", "backward", "model.py:fwd:3"} <= events
     assert "rank 0 (node-3)" in events
-    assert processor.kernel_events_written == sum(len(b["name"]) for b in [*batches, *late])
+    assert processor.stats.kernel_events_written == sum(len(b["name"]) for b in [*batches, *late])
     # The online summaries are the offline ones (argus diagnose's) of the same kernels.
     builder = TraceBuilder()
     for batch in batches[:3]:  # rank 0's
@@ -116,7 +116,7 @@ def test_metrics_of_several_jobs_are_one_family_per_name(tmp_path):
             assert (await post(client, ndjson_gz(*batches, *late))).status == 200
         processor.close_due()
         for _ in range(100):
-            if processor.windows_written >= 4:
+            if processor.stats.windows_written >= 4:
                 break
             await asyncio.sleep(0.05)
         text["body"] = await (await client.get("/metrics")).text()
@@ -150,7 +150,7 @@ def test_without_a_log_unfinished_windows_of_a_crashed_processor_are_salvaged(tm
 
     processor = Processor(config(tmp_path, durability="memory"))
     processor.recover()
-    assert processor.salvaged_windows == 1
+    assert processor.stats.salvaged_windows == 1
     processor.drain(timeout=10)
     store = open_store(f"file://{tmp_path}/store")
     got = slices_in(store.get(key))
@@ -185,7 +185,7 @@ def test_json_array_bodies_zstd_and_partial_rejects(tmp_path):
                                     "kernels, stack)"]
 
     run(processor, scenario)
-    assert processor.records_in == 2 and processor.rejected == {"dur_ns": 1, "kind": 1}
+    assert processor.stats.records_in == 2 and processor.stats.rejected == {"dur_ns": 1, "kind": 1}
 
 
 def test_path_like_job_names_stay_inside_the_store(tmp_path):
@@ -227,7 +227,7 @@ def test_oversized_body_is_413(tmp_path):
         assert response.status == 413
 
     run(processor, scenario)
-    assert processor.rejected["body"] == 1
+    assert processor.stats.rejected["body"] == 1
 
 
 def test_bearer_token(tmp_path):
@@ -271,7 +271,7 @@ def test_backpressure_answers_503_with_retry_after(tmp_path):
             stalled.set()
 
     run(processor, scenario)
-    assert 0 < sum(accepted) == processor.kernel_events_written
+    assert 0 < sum(accepted) == processor.stats.kernel_events_written
 
 
 def test_partly_filled_chunks_of_many_windows_never_wedge_intake(tmp_path):
@@ -293,10 +293,10 @@ def test_partly_filled_chunks_of_many_windows_never_wedge_intake(tmp_path):
         for rank in range(8):  # 8 windows x 20,000 kernels: none has a chunk's worth
             await post_until_taken(client, ndjson_gz(kernel_batch(rank, T0, n=20_000)))
         await post_until_taken(client, ndjson_gz(kernel_batch(0, T0 + 25 * 10**9, n=20_000)))
-        assert processor.windows_written == 0  # taken without any window closing
+        assert processor.stats.windows_written == 0  # taken without any window closing
 
     run(processor, scenario)
-    assert processor.kernel_events_written == 9 * 20_000
+    assert processor.stats.kernel_events_written == 9 * 20_000
 
 
 # -- the real service process ----------------------------------------------------------------

@@ -23,7 +23,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +66,27 @@ class Answer:
     retry: bool = False  # a 503: send Retry-After
 
 
+@dataclass
+class ProcessorStats:
+    """The processor's counters, read by its /metrics (updated under the processor's lock)."""
+
+    records_in: int = 0
+    kernel_events_in: int = 0
+    bytes_in: int = 0
+    rejected: Counter = field(default_factory=Counter)  # records refused, by reason
+    windows_written: int = 0
+    kernel_events_written: int = 0
+    reordered_kernels: int = 0
+    skipped_records: int = 0
+    write_errors: int = 0
+    wal_errors: int = 0
+    salvaged_windows: int = 0
+    closed_early: int = 0  # windows closed to keep a rank within max_windows_per_rank
+    replayed_bodies: int = 0
+    metrics_left_out: int = 0  # ranks the last /metrics left out (max_metrics_series)
+    summary_bytes: int = 0  # bytes of the latest kernel summaries held for /metrics
+
+
 class Processor:
     """Owns the windows, the writer thread, the log, the uploader and the service's counters."""
 
@@ -95,23 +116,9 @@ class Processor:
         self._closing: dict[WindowKey, Window] = {}  # closed, waiting for the writer
         self.pending_bytes = 0  # handed to the writer, not yet absorbed
         self.inflight_bytes = 0  # request bodies being read or decoded
-        self.records_in = 0
-        self.kernel_events_in = 0
-        self.bytes_in = 0
-        self.rejected: Counter = Counter()
-        self.windows_written = 0
-        self.kernel_events_written = 0
-        self.reordered_kernels = 0
-        self.skipped_records = 0
-        self.write_errors = 0
-        self.wal_errors = 0
-        self.salvaged_windows = 0
-        self.closed_early = 0  # windows closed to keep a rank within max_windows_per_rank
-        self.replayed_bodies = 0
+        self.stats = ProcessorStats()
         self.latest: dict[tuple[str, int], tuple[int, KernelSummary]] = {}
         self.exposed: dict[tuple[str, int], tuple[str, str, int]] = {}  # lines of latest
-        self.metrics_left_out = 0  # ranks the last /metrics left out (max_metrics_series)
-        self.summary_bytes = 0
         self.store_problem: str | None = None
         self._store_checked = 0.0
         self._uploads_at_check = 0
@@ -169,7 +176,7 @@ class Processor:
         held = self.windows.memory()
         held["windows"] += sum(w.output_bytes for w in list(self._closing.values()))
         held["writer"] = self.pending_bytes
-        held["summaries"] = self.summary_bytes
+        held["summaries"] = self.stats.summary_bytes
         held["bodies"] = self.inflight_bytes
         return held
 
@@ -228,7 +235,7 @@ class Processor:
     def count_rejected(self, reason: str, n: int = 1) -> None:
         """Count refused records (or bodies) by reason."""
         with self._count_lock:
-            self.rejected[reason] += n
+            self.stats.rejected[reason] += n
 
     @contextlib.contextmanager
     def _holding(self, nbytes: int):
@@ -242,7 +249,7 @@ class Processor:
     def ingest(self, body: bytes, encoding: str | None) -> Answer:
         """Decode, validate, log and buffer one request body (runs on an intake thread)."""
         with self._lock:
-            self.bytes_in += len(body)
+            self.stats.bytes_in += len(body)
         try:
             data = decode_body(body, encoding, self.config.max_body_bytes,
                                self.config.max_members)
@@ -269,15 +276,15 @@ class Processor:
                             body, encoding or "", result.refused,
                             None if identities else [list(key) for key in sorted(keys)]))
                     except WalError as exc:
-                        self.wal_errors += 1
+                        self.stats.wal_errors += 1
                         logger.error("argus processor: %s", exc)
                         return Answer(503, {"accepted": 0, "rejected": 0,
                                             "error": f"cannot make records durable: {exc}"},
                                       retry=True)
                 late = self.apply(result.records, segment)
-            self.records_in += len(result.records)
+            self.stats.records_in += len(result.records)
             with self._count_lock:
-                self.rejected.update(result.reasons)
+                self.stats.rejected.update(result.reasons)
             rolled = self.wal is not None and self.wal.should_roll()
             if rolled:
                 self.roll()
@@ -326,9 +333,10 @@ class Processor:
         closed to keep a rank within ``max_windows_per_rank`` go to the writer (``log_close``
         as in :meth:`finish_later`)."""
         late = self.windows.add_body(records, segment)
-        self.kernel_events_in += sum(len(r.name) for r in records if isinstance(r, KernelBatch))
+        self.stats.kernel_events_in += sum(len(r.name) for r in records
+                                           if isinstance(r, KernelBatch))
         for handover in self.windows.take_closed_early():
-            self.closed_early += 1
+            self.stats.closed_early += 1
             self.finish_later(handover, log_close)
         # Partly filled chunks of many windows can add up too: past half the budget,
         # everything held goes to the writer, so 503s always clear.
@@ -344,7 +352,7 @@ class Processor:
         try:
             self.wal.open_segment(orjson.dumps(self.windows.snapshot()))
         except (WalError, OSError) as exc:
-            self.wal_errors += 1
+            self.stats.wal_errors += 1
             logger.error("argus processor: cannot start a new log segment: %s", exc)
 
     def retire_segments(self) -> None:
@@ -383,7 +391,7 @@ class Processor:
             try:
                 self.wal.append(CLOSED, orjson.dumps(list(window.key)))
             except WalError as exc:
-                self.wal_errors += 1
+                self.stats.wal_errors += 1
                 logger.error("argus processor: %s", exc)
         self._closing[window.key] = window
         self.pending_bytes += handover.bytes
@@ -437,10 +445,10 @@ class Processor:
                 with self._lock:
                     if len(summary):
                         self._keep_summary(window, summary)
-                    self.windows_written += 1
-                    self.kernel_events_written += output.trace.kernels
-                    self.reordered_kernels += output.trace.reordered
-                    self.skipped_records += output.trace.skipped
+                    self.stats.windows_written += 1
+                    self.stats.kernel_events_written += output.trace.kernels
+                    self.stats.reordered_kernels += output.trace.reordered
+                    self.stats.skipped_records += output.trace.skipped
         finally:
             with self._lock:
                 self.pending_bytes -= handover.bytes
@@ -456,7 +464,7 @@ class Processor:
         try:
             self.wal.append(DONE, orjson.dumps(list(window.key)))
         except WalError as exc:
-            self.wal_errors += 1
+            self.stats.wal_errors += 1
             logger.error("argus processor: %s", exc)
             return False  # its segments stay: a replay writes the window again (same key)
         return bool(self.windows.release(window))
@@ -468,10 +476,10 @@ class Processor:
             return  # a late window never replaces a newer one's summaries
         top = _compact(top_kernels(summary, self.config.top_k))
         if previous is not None:
-            self.summary_bytes -= _summary_bytes(previous[1]) + self._exposed_bytes(key)
+            self.stats.summary_bytes -= _summary_bytes(previous[1]) + self._exposed_bytes(key)
         self.latest[key] = (window.start_ns, top)
         self.exposed[key] = (*summary_lines(top, window.job), 3 * len(top))
-        self.summary_bytes += _summary_bytes(top) + self._exposed_bytes(key)
+        self.stats.summary_bytes += _summary_bytes(top) + self._exposed_bytes(key)
 
     def _exposed_bytes(self, key: tuple[str, int]) -> int:
         quantiles, counts, _ = self.exposed.get(key, ("", "", 0))
@@ -496,7 +504,7 @@ class Processor:
         return "".join(quantiles) + "".join(counts), left_out
 
     def _failed(self, window: Window) -> None:
-        self.write_errors += 1
+        self.stats.write_errors += 1
         logger.exception("argus processor: could not write window %s/%s@%s", window.job,
                          window.rank, window.start_ns)
         if window.output is not None:
@@ -511,7 +519,7 @@ class Processor:
             data = salvage(part)
             if data is not None:
                 self.uploader.submit(key, data)
-                self.salvaged_windows += 1
+                self.stats.salvaged_windows += 1
                 logger.warning("argus processor: salvaged unfinished window %s", key)
             else:
                 logger.warning("argus processor: unfinished window %s held nothing usable", key)
@@ -528,7 +536,7 @@ class Processor:
         with self._lock:
             self.windows.expire(self.config.state_ttl_s, self.config.max_ranks)
             for key in [key for key in self.latest if key not in self.windows.ranks]:
-                self.summary_bytes -= (_summary_bytes(self.latest.pop(key)[1])
+                self.stats.summary_bytes -= (_summary_bytes(self.latest.pop(key)[1])
                                        + self._exposed_bytes(key))
                 self.exposed.pop(key, None)
             if self.wal is not None and self.wal.should_roll():
@@ -557,9 +565,9 @@ class Processor:
             self.retire_segments()
             self.wal.close()
         logger.info("argus processor drained: windows=%d kernel_events_written=%d "
-                    "records=%d rejected=%d uploads_pending=%s", self.windows_written,
-                    self.kernel_events_written, self.records_in, sum(self.rejected.values()),
-                    not flushed)
+                    "records=%d rejected=%d uploads_pending=%s", self.stats.windows_written,
+                    self.stats.kernel_events_written, self.stats.records_in,
+                    sum(self.stats.rejected.values()), not flushed)
 
     def close(self) -> None:
         """Release threads and files without draining (tests, failed starts)."""

@@ -54,15 +54,15 @@ class ProcessorCollector:
             family.add_metric([], value)
             return family
 
-        yield counter("argus_processor_records", "Valid records accepted.", p.records_in)
+        yield counter("argus_processor_records", "Valid records accepted.", p.stats.records_in)
         yield counter("argus_processor_kernel_events", "Kernel executions accepted.",
-                      p.kernel_events_in)
+                      p.stats.kernel_events_in)
         yield counter("argus_processor_received_bytes", "Request body bytes received.",
-                      p.bytes_in)
+                      p.stats.bytes_in)
         rejected = CounterMetricFamily("argus_processor_rejected_records",
                                        "Records refused, by reason (the field at fault, body).",
                                        labels=["reason"])
-        for reason, n in sorted(p.rejected.items()):
+        for reason, n in sorted(p.stats.rejected.items()):
             rejected.add_metric([reason], n)
         yield rejected
         late = CounterMetricFamily("argus_processor_late",
@@ -85,13 +85,13 @@ class ProcessorCollector:
         yield counter("argus_processor_windows_closed_early",
                       "Windows closed before their time to keep a rank within "
                       "--max-windows-per-rank (their records are written, not lost).",
-                      p.closed_early)
+                      p.stats.closed_early)
         yield counter("argus_processor_folded_floors",
                       "Floors of forgotten ranks folded into one per job (or one for all) "
                       "beyond --max-ranks of them.", p.windows.floors.folded)
         yield gauge("argus_processor_metrics_left_out_ranks",
                     "Ranks whose kernel summaries the last scrape left out "
-                    "(--max-metrics-series).", p.metrics_left_out)
+                    "(--max-metrics-series).", p.stats.metrics_left_out)
         yield gauge("argus_processor_tracked_ranks", "(job, rank) pairs remembered.",
                     len(p.windows.ranks))
         yield counter("argus_processor_forgotten_ranks",
@@ -103,30 +103,31 @@ class ProcessorCollector:
         yield gauge("argus_processor_pending_windows", "Closed windows waiting to be written.",
                     p.pending_windows)
         yield counter("argus_processor_windows_written", "Windows compressed and stored.",
-                      p.windows_written)
+                      p.stats.windows_written)
         yield counter("argus_processor_kernel_events_written",
                       "Kernel executions written into Perfetto windows.",
-                      p.kernel_events_written)
+                      p.stats.kernel_events_written)
         yield counter("argus_processor_window_errors", "Windows that failed to be written.",
-                      p.write_errors)
+                      p.stats.write_errors)
         yield counter("argus_processor_skipped_records",
                       "Steps and stack samples left out of a window's file because they could "
-                      "not be encoded (the rest of the window is written).", p.skipped_records)
+                      "not be encoded (the rest of the window is written).",
+                      p.stats.skipped_records)
         yield counter("argus_processor_reordered_kernels",
                       "Kernels that arrived after later ones of their stream had been written "
                       "(they go to a 'reordered' lane of the stream's track).",
-                      p.reordered_kernels)
+                      p.stats.reordered_kernels)
         yield counter("argus_processor_salvaged_windows",
                       "Unfinished windows of a previous (crashed) run uploaded at start "
-                      "(--durability memory only).", p.salvaged_windows)
+                      "(--durability memory only).", p.stats.salvaged_windows)
         yield counter("argus_processor_replayed_bodies",
                       "Request bodies replayed from the write-ahead log at start.",
-                      p.replayed_bodies)
+                      p.stats.replayed_bodies)
         if p.wal is not None:
             yield gauge("argus_processor_wal_bytes", "Write-ahead log on disk.",
                         p.wal.bytes_on_disk)
         yield counter("argus_processor_wal_errors",
-                      "Write-ahead log writes that failed (answered 503).", p.wal_errors)
+                      "Write-ahead log writes that failed (answered 503).", p.stats.wal_errors)
         stats = p.uploader.stats
         yield counter("argus_processor_upload_failures", "Failed upload attempts.",
                       stats.failures)
@@ -156,5 +157,5 @@ def render_metrics(processor: Processor, registry: Any) -> bytes:
     ``max_metrics_series``) and the registry's families (``summaries=False``)."""
     from prometheus_client import generate_latest
 
-    text, processor.metrics_left_out = processor.summary_exposition()
+    text, processor.stats.metrics_left_out = processor.summary_exposition()
     return text.encode() + generate_latest(registry)

@@ -67,7 +67,7 @@ def replay(processor) -> None:
     skipped = len(windows.skip)
     windows.skip = set()
     with processor._lock:
-        processor.replayed_bodies += bodies
+        processor.stats.replayed_bodies += bodies
         processor.roll()
     processor.retire_segments()
     logger.info("argus processor: replayed %d bodies (%d records) from %d log segment(s) in "

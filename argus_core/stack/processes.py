@@ -14,8 +14,8 @@ import signal
 import socket
 import subprocess
 import time
-import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -116,22 +116,34 @@ def start(name: str, argv: list[str], log_dir: Path, env: dict | None = None,
     return Process(name, child.pid, started, list(argv), str(log), url)
 
 
-def wait_ready(process: Process, url: str, timeout: float = 60.0) -> None:
-    """Poll ``url`` until it answers 2xx; raise with the log's tail if the process dies or
-    time runs out."""
+def poll_ready(url: str, alive: Callable[[], bool], timeout: float,
+               poll_s: float = 0.1) -> bool | None:
+    """Poll ``url`` until it answers 2xx (True); None as soon as the server's process is no
+    longer ``alive``, False when ``timeout`` seconds pass first. The one start-up wait of
+    every server Argus, its tests and its benchmarks start."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not process.running:
-            raise StackError(f"{process.name} exited during start-up:\n{_tail(process.log)}")
+        if not alive():
+            return None
         try:
             with urllib.request.urlopen(url, timeout=2) as response:
                 if 200 <= response.status < 300:
-                    return
-        except (urllib.error.URLError, OSError):
+                    return True
+        except OSError:  # refused, reset, or an HTTP error status: not ready yet
             pass
-        time.sleep(0.1)
-    raise StackError(f"{process.name} did not answer {url} within {timeout:g} s:\n"
-                       f"{_tail(process.log)}")
+        time.sleep(poll_s)
+    return False
+
+
+def wait_ready(process: Process, url: str, timeout: float = 60.0) -> None:
+    """Poll ``url`` until it answers 2xx; raise with the log's tail if the process dies or
+    time runs out."""
+    ready = poll_ready(url, lambda: process.running, timeout)
+    if ready is None:
+        raise StackError(f"{process.name} exited during start-up:\n{_tail(process.log)}")
+    if not ready:
+        raise StackError(f"{process.name} did not answer {url} within {timeout:g} s:\n"
+                         f"{_tail(process.log)}")
 
 
 def _tail(path: str, lines: int = 15) -> str:
