@@ -127,8 +127,6 @@ def run_case(case: Case, spool: Path, steps: int = STEPS) -> None:
                 str(free_port()), str(case.script)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ARGUS_TEST_STEPS": str(steps),
            "ARGUS_TEST_WIDTH": str(WIDTH), **case.env}
-    if case.script == PARALLEL_SCRIPT and case.ranks <= len(os.sched_getaffinity(0)):
-        env.setdefault("ARGUS_TEST_PIN", "1")  # a core each: a healthy pair stays alike
     if case.zero_code:
         command = [str(BIN / "argus"), "run", "--sink", f"file://{spool}", "--job", case.name,
                    "--", *torchrun]

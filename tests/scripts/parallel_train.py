@@ -19,7 +19,6 @@ PATH.RANK.json.
 One fault on rank ARGUS_TEST_SLOW_RANK from step ARGUS_TEST_FROM on, ARGUS_TEST_SLEEP_S long:
 ``host`` (late: a sleep before every forward) or ``compute`` (slow: extra matrix products in
 every forward). The number of steps is ARGUS_TEST_STEPS, the model's width ARGUS_TEST_WIDTH.
-ARGUS_TEST_PIN=1 pins each rank to a core of its own (rank modulo the cores it may use).
 """
 
 import os
@@ -39,9 +38,6 @@ WIDTH = int(os.environ.get("ARGUS_TEST_WIDTH", "256"))
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 faulty = rank == SLOW_RANK
-if os.environ.get("ARGUS_TEST_PIN") == "1" and hasattr(os, "sched_setaffinity"):
-    cores = sorted(os.sched_getaffinity(0))  # one core each: no rank shares its core by chance
-    os.sched_setaffinity(0, {cores[rank % len(cores)]})
 step = 0
 torch.manual_seed(0)
 
