@@ -143,7 +143,8 @@ class JobFailedError(RuntimeError):
     """A real job exited non-zero: its exit status and whole stderr."""
 
     def __init__(self, name: str, returncode: int, stderr: str):
-        super().__init__(f"{name}: the job exited {returncode}")
+        tail = "\n".join(stderr.strip().splitlines()[-25:])
+        super().__init__(f"{name}: the job exited {returncode}; the end of its stderr:\n{tail}")
         self.stderr = stderr
 
 
