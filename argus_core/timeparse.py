@@ -10,6 +10,7 @@ argument's name, an HTTP status).
 from __future__ import annotations
 
 import calendar
+import math
 import re
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -27,13 +28,19 @@ _NUMBER = re.compile(r"[0-9]+(\.[0-9]+)?")  # ASCII only: \d would take other sc
 
 
 def parse_duration(value: str | float) -> float:
-    """Seconds from a number or a Prometheus duration string (``90s``, ``1m30s``, ``500ms``)."""
+    """Seconds from a number or a Prometheus duration string (``90s``, ``1m30s``, ``500ms``);
+    never infinite or NaN."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    text = str(value).strip()
-    if not _DURATION.match(text):
-        raise ValueError(f"{value!r} is not a duration (expected e.g. 15s, 2m, 1h30m, 500ms)")
-    return sum(float(n) * UNIT_S[u] for n, u in _DURATION_PART.findall(text))
+        seconds = float(value)
+    else:
+        text = str(value).strip()
+        if not _DURATION.match(text):
+            raise ValueError(f"{value!r} is not a duration (expected e.g. 15s, 2m, 1h30m, "
+                             "500ms)")
+        seconds = sum(float(n) * UNIT_S[u] for n, u in _DURATION_PART.findall(text))
+    if not math.isfinite(seconds):
+        raise ValueError(f"{str(value)[:40]!r} is not a duration: it is not finite")
+    return seconds
 
 
 def parse_instant(text: str) -> int:
