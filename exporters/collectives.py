@@ -32,6 +32,8 @@ from __future__ import annotations
 import gc
 import logging
 import threading
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from argus_exporters.identity import AXES
@@ -69,15 +71,28 @@ _INHERITED = object()  # a patched attribute the owner did not define itself
 MAX_PENDING = 4096  # issued collectives awaiting their wait; older ones are dropped, counted
 
 
+def _held_weakly(group: Any) -> Callable[[], Any] | None:
+    """A weak reference to ``group`` (None for an object that cannot have one). The caches
+    never keep a process group alive: one outliving ``destroy_process_group`` is torn down
+    with the interpreter, when its peers have gone, and gloo aborts the process at exit."""
+    if group is None:
+        return lambda: None
+    try:
+        return weakref.ref(group)
+    except TypeError:
+        return None
+
+
 class Collectives:
     """The installed hooks: group names, pending works and the tracer they report to."""
 
     def __init__(self, tracer: Tracer):
         self.tracer = tracer
         self.muted = 0  # > 0 while a collective is already timed (DDP's comm hook)
-        self._names: dict[int, tuple[Any, dict[str, str]]] = {}  # id(group) -> (group, names)
-        self._axis_of: dict[int, tuple[Any, str]] = {}  # id(group) -> (group, axis) named by
-        # the application or a mesh
+        # id(group) -> (weak reference to the group, names); and -> (reference, axis) for the
+        # groups named by the application or a mesh
+        self._names: dict[int, tuple[Callable[[], Any], dict[str, str]]] = {}
+        self._axis_of: dict[int, tuple[Callable[[], Any], str]] = {}
         self._learned: dict[str, int] = {}  # axis -> this rank's coordinate on it
         self.works: dict[int, Any] = {}  # id(work) -> PhaseToken of its collective
         self.tensors: dict[int, Any] = {}  # result's storage address -> PhaseToken (funcol)
@@ -96,13 +111,22 @@ class Collectives:
     def names(self, group: Any) -> dict[str, str]:
         """Phase name per operation for collectives on ``group`` (cached per group)."""
         entry = self._names.get(id(group))
-        if entry is not None and entry[0] is group:
+        if entry is not None and entry[0]() is group:
             return entry[1]
         named = self._axis_of.get(id(group))
-        axis = named[1] if named is not None and named[0] is group else self._default_axis(group)
+        axis = named[1] if named is not None and named[0]() is group else self._default_axis(
+            group)
         names = {op: f"{axis}-{op}" for op in OPS}
-        self._names[id(group)] = (group, names)
+        ref = _held_weakly(group)
+        if ref is not None:
+            self._names[id(group)] = (ref, names)
         return names
+
+    def _name_group(self, group: Any, axis: str) -> None:
+        ref = _held_weakly(group)
+        if ref is not None:
+            self._axis_of[id(group)] = (ref, axis)
+        self._names.pop(id(group), None)
 
     def _default_axis(self, group: Any) -> str:
         try:
@@ -119,8 +143,7 @@ class Collectives:
 
     def register(self, group: Any, axis: str, coordinate: int | None = None) -> None:
         """Name ``group``'s collectives ``{axis}-{op}`` and learn this rank's coordinate."""
-        self._axis_of[id(group)] = (group, axis)
-        self._names.pop(id(group), None)
+        self._name_group(group, axis)
         if axis in AXES:
             if coordinate is None:
                 try:
@@ -150,8 +173,7 @@ class Collectives:
             except Exception:  # a mesh without its process groups (``_init_backend=False``)
                 group = None
             if group is not None:
-                self._axis_of[id(group)] = (group, axis)
-                self._names.pop(id(group), None)
+                self._name_group(group, axis)
             if coordinate is not None:  # dimensions of one axis combine row-major
                 found[axis] = found.get(axis, 0) * shape[dim] + int(coordinate[dim])
         if found:

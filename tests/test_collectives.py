@@ -192,10 +192,19 @@ ONE_RANK = textwrap.dedent("""
         funcol.all_reduce(x, "sum", group).wait()           # DTensor's path
         out.sum().backward()
         optimizer.step()
+    sub = dist.new_group([0])
+    argus_exporters.register_group(sub, "pp")
+    dist.all_reduce(x, group=sub)
     state = collectives.installed()
     pending = len(state.works) + len(state.tensors) if state else 0
+    import gc, weakref
+    groups = [weakref.ref(sub)]  # (torch itself keeps the world's group)
+    del group, sub, mesh, work
+    dist.destroy_process_group()
+    gc.collect()
+    alive = sum(ref() is not None for ref in groups)
     argus_exporters.shutdown()
-    print(json.dumps({"pending": pending}))
+    print(json.dumps({"pending": pending, "groups_alive_after_destroy": alive}))
 """)
 
 
@@ -225,6 +234,8 @@ def test_every_collective_is_named_by_its_group_and_waited_for(tmp_path):
     result, trace = _run_one_rank(tmp_path, {})
     steps = _names_by_step(trace)
     assert len(steps) == 4 and result["pending"] == 0
+    # nothing of Argus keeps a destroyed group alive (torn down at exit, gloo aborts)
+    assert result["groups_alive_after_destroy"] == 0
     for names in steps[:2]:
         assert names == {"forward", "dp-allreduce", "dp-allgather", "backward", "optimizer"}
     for names in steps[2:]:
