@@ -71,16 +71,15 @@ _INHERITED = object()  # a patched attribute the owner did not define itself
 MAX_PENDING = 4096  # issued collectives awaiting their wait; older ones are dropped, counted
 
 
-def _held_weakly(group: Any) -> Callable[[], Any] | None:
-    """A weak reference to ``group`` (None for an object that cannot have one). The caches
-    never keep a process group alive: one outliving ``destroy_process_group`` is torn down
-    with the interpreter, when its peers have gone, and gloo aborts the process at exit."""
-    if group is None:
-        return lambda: None
+def _held_weakly(group: Any) -> Callable[[], Any]:
+    """A weak reference to ``group``, so that the caches never keep a process group alive:
+    one outliving ``destroy_process_group`` is torn down with the interpreter, when its peers
+    have gone, and gloo aborts the process at exit. (None, or an object that cannot be
+    weakly referenced, is held as it is.)"""
     try:
         return weakref.ref(group)
     except TypeError:
-        return None
+        return lambda: group
 
 
 class Collectives:
@@ -117,15 +116,11 @@ class Collectives:
         axis = named[1] if named is not None and named[0]() is group else self._default_axis(
             group)
         names = {op: f"{axis}-{op}" for op in OPS}
-        ref = _held_weakly(group)
-        if ref is not None:
-            self._names[id(group)] = (ref, names)
+        self._names[id(group)] = (_held_weakly(group), names)
         return names
 
     def _name_group(self, group: Any, axis: str) -> None:
-        ref = _held_weakly(group)
-        if ref is not None:
-            self._axis_of[id(group)] = (ref, axis)
+        self._axis_of[id(group)] = (_held_weakly(group), axis)
         self._names.pop(id(group), None)
 
     def _default_axis(self, group: Any) -> str:
