@@ -10,11 +10,12 @@ import pytest
 
 
 def binary(name: str) -> str:
-    """Path of a Prometheus/Alertmanager binary, or skip (``.ci/run`` installs them)."""
+    """Path of a Prometheus, Alertmanager or VictoriaMetrics binary, or skip
+    (``scripts/system-deps.sh``, which ``make test`` runs, installs them)."""
     path = shutil.which(name)
     if path is None:
         pytest.skip(f"{name} is not installed (apt-get install prometheus "
-                    f"prometheus-alertmanager)")
+                    f"prometheus-alertmanager victoria-metrics)")
     return path
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from promtools import promtool_test
+from promtools import promtool_test, run_tool
 
 from argus_core.cli import main
 from argus_grafana import queries
@@ -128,3 +128,14 @@ def test_a_bad_config_is_refused_naming_the_key(tmp_path, capsys):
     assert main(["generate", "--config", str(path), "--out", str(tmp_path / "out")]) == 2
     assert "spike_ratoi" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("source", ["defaults", "changed"])
+def test_vmalert_loads_the_generated_rules(source, changed):
+    """vmalert (the VictoriaMetrics engine's ruler) parses every generated expression as
+    MetricsQL and every annotation template, as Prometheus does."""
+    root = REPO if source == "defaults" else changed
+    files = [root / "recording_rules/argus.rules.yml", root / "alerting/argus.alerts.yml"]
+    result = run_tool("vmalert", "-dryRun", "-loggerLevel=ERROR",
+                      *(f"-rule={path}" for path in files))
+    assert result.returncode == 0, result.stdout[-3000:]

@@ -1,10 +1,12 @@
 """End to end, against the real binaries: ``argus stack up`` with four live simulated jobs
-(a compute straggler, a degraded link, host stalls and a healthy job) at time scale 15.
+(a compute straggler, a degraded link, host stalls and a healthy job) at time scale 15, on
+each engine (Prometheus; victoria-metrics with two vmagents sharing the targets and vmalert
+evaluating the same rule files).
 
 What reaches Alertmanager's webhook (DIR/alerts.ndjson): ArgusStragglerRank for the straggler
 within ``PAGE_BOUND_S`` of its onset; ArgusKernelStraggler for the degraded ranks only;
 ArgusHostStall for the stalled rank only; ArgusProcessorDown when the processor is killed; and
-nothing for the healthy job, nor anything new when Prometheus is stopped and restarted
+nothing for the healthy job, nor anything new when the engine is stopped and restarted
 mid-run. ``argus stack down`` leaves nothing running."""
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from promtools import binary
 
 from argus_core.rules.alerts import FAIL_SLOW
 from argus_core.rules.config import format_duration
+from argus_core.stack import engines
 from argus_core.stack.stack import Stack, StackConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,13 +38,14 @@ def argus(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
                           capture_output=True, timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    for name in ("prometheus", "prometheus-alertmanager"):
+@pytest.fixture(scope="module", params=engines.ENGINES)
+def stack(request, tmp_path_factory):
+    for name in (*engines.programs(request.param), "prometheus-alertmanager"):
         binary(name)
-    workdir = tmp_path_factory.mktemp("stack")
+    workdir = tmp_path_factory.mktemp(f"stack-{request.param}")
     simulate = [arg for job in JOBS for arg in ("--simulate", job)]
-    result = argus("stack", "up", "--workdir", str(workdir), *simulate)
+    result = argus("stack", "up", "--workdir", str(workdir), "--engine", request.param,
+                   *simulate)
     assert result.returncode == 0, result.stderr
     loaded = Stack.load(workdir)
     yield loaded
@@ -94,6 +98,46 @@ def test_status_prints_the_five_endpoints(stack):
     assert all(urls[k].startswith("http://127.0.0.1:") for k in urls if k != "targets")
     assert urls["sink"] == urls["processor"] + "/v1/records"
     assert Path(urls["targets"]).is_dir()
+
+
+def query(stack: Stack, promql: str) -> list[dict]:
+    """An instant query on the engine's Prometheus API."""
+    import urllib.parse
+    import urllib.request
+
+    url = f"{stack.urls['prometheus']}/api/v1/query?query={urllib.parse.quote(promql)}"
+    with urllib.request.urlopen(url, timeout=30) as answer:
+        return json.loads(answer.read())["data"]["result"]
+
+
+def test_every_target_is_scraped_exactly_once(stack):
+    """Each target (every live job's exporters, the processor, the scorer, Alertmanager and
+    the engine's own components) has one ``up`` series; on VictoriaMetrics both vmagents
+    scrape some of them and no target is scraped by both."""
+    import urllib.request
+
+    engine = stack.info["engine"]
+    own = engines.own_scrape_targets(engine, dict.fromkeys(engines.components(engine), ""))
+    jobs = {"argus-exporters", "argus-processor", "argus-scorer", "alertmanager", *own}
+    deadline = time.monotonic() + 30
+    while True:
+        counts = query(stack, "count by (job, instance) (up)")
+        exporters = [r for r in counts if r["metric"]["job"] == "argus-exporters"]
+        if {r["metric"]["job"] for r in counts} == jobs and len(exporters) == len(JOBS):
+            break
+        assert time.monotonic() < deadline, counts
+        time.sleep(0.5)
+    assert all(r["value"][1] == "1" for r in counts), counts
+    if engine != engines.VICTORIAMETRICS:
+        return
+    scraped = []
+    for i in range(engines.VMAGENTS):
+        with urllib.request.urlopen(f"{stack.urls[f'vmagent-{i}']}/api/v1/targets",
+                                    timeout=30) as answer:
+            scraped.append({t["scrapeUrl"] for t in
+                            json.loads(answer.read())["data"]["activeTargets"]})
+    assert all(scraped) and not set.intersection(*scraped), scraped
+    assert sum(map(len, scraped)) == len(counts)
 
 
 def test_compute_straggler_pages_within_the_bound(stack):
@@ -212,12 +256,16 @@ def _unexpected(stack: Stack, since: float) -> list[tuple]:
                   key=str)
 
 
-def test_prometheus_restart_raises_no_false_alert(stack):
+def test_engine_restart_raises_no_false_alert(stack):
+    """Every process of the engine stopped for five scrape and evaluation intervals and
+    started again (vmalert restores its alerts' state from victoria-metrics)."""
     before = time.time()
-    prometheus = stack.process("prometheus")
-    assert prometheus.stop()
+    names = engines.components(stack.info["engine"])
+    for name in reversed(names):
+        assert stack.process(name).stop()
     time.sleep(5)  # five scrape and evaluation intervals missed
-    stack.restart("prometheus")
+    for name in names:
+        stack.restart(name)
     time.sleep(20)  # longer than the scaled `for` of every fail-slow alert but the regression
     assert not _unexpected(stack, before)
     pipeline = {labels["alertname"] for t, labels in firing(stack) if t > before
@@ -244,7 +292,8 @@ def test_the_healthy_job_raised_nothing(stack):
 def test_down_leaves_nothing_running(stack):
     started = Stack.load(stack.workdir).processes
     assert {p.name for p in started} == {"s3", "processor", "webhook", "alertmanager",
-                                         "scorer", "prometheus", *(f"live-{j}" for j in JOBS)}
+                                         "scorer", *engines.components(stack.info["engine"]),
+                                         *(f"live-{j}" for j in JOBS)}
     assert all(p.running for p in started)
     result = argus("stack", "down", "--workdir", str(stack.workdir))
     assert result.returncode == 0, result.stderr

@@ -8,13 +8,17 @@ import math
 import sys
 from pathlib import Path
 
+from argus_core.stack.engines import ENGINES, PROMETHEUS
+
 
 def register(commands) -> None:
     """Add the subcommand to the CLI."""
     p = commands.add_parser(
         "stack", help="run Prometheus, Alertmanager, processor, scorer and S3 on this machine",
         description="Start (up), show (status) or stop (down) a local Argus stack in a working "
-                    "directory: Prometheus with the Argus rules, Alertmanager with the routing "
+                    "directory: a metrics engine with the Argus rules (Prometheus, or "
+                    "VictoriaMetrics: victoria-metrics, two vmagents sharing the targets, "
+                    "vmalert), Alertmanager with the routing "
                     "and a webhook receiver logging to DIR/alerts.ndjson, the processor, the "
                     "scorer, an S3 server on loopback, and optionally live simulated jobs.")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -28,6 +32,8 @@ def register(commands) -> None:
                     help="run K times faster than production: 1 s scrapes and rule "
                          "evaluations, `for` durations / K (default 15)")
     up.add_argument("--rules-config", metavar="FILE", help="your overrides of the rules")
+    up.add_argument("--engine", choices=ENGINES, default=PROMETHEUS,
+                    help="what scrapes, stores and evaluates the rules (default prometheus)")
     status = actions.add_parser("status", help="print the endpoints")
     status.add_argument("--workdir", required=True, metavar="DIR")
     status.add_argument("--json", action="store_true",
@@ -58,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
             if not math.isfinite(args.time_scale) or args.time_scale <= 0:
                 raise StackError(f"--time-scale {args.time_scale:g}: expected a factor > 0")
             stack = up(StackConfig(Path(args.workdir), tuple(args.simulate), args.ranks,
-                                   args.time_scale, args.rules_config))
+                                   args.time_scale, args.rules_config, engine=args.engine))
             _print(stack, hint=True)
             return 0
         stack = Stack.load(args.workdir)
@@ -104,8 +110,12 @@ def _print(stack, dead: set[str] = frozenset(), hint: bool = False) -> None:
     """Each endpoint (a component that is not running says so next to its URL), each live
     job's state and log, the logs folder and the sink; with ``hint``, how a real job joins."""
     width = max(len(k) for k in stack.urls)
+    engine = stack.info.get("engine", "prometheus")
     for name, url in stack.urls.items():
-        print(f"{name:>{width}}  {url}{'  (not running)' if name in dead else ''}")
+        note = "  (not running)" if name in dead else ""
+        if name == "prometheus" and engine != "prometheus":
+            note = f"  ({engine}'s Prometheus query API: Grafana's data source)"
+        print(f"{name:>{width}}  {url}{note}")
     for process in stack.processes:
         if process.name.startswith("live-"):
             state = "running" if process.running else "stopped"

@@ -1,9 +1,12 @@
-"""Configuration files of the local stack: prometheus.yml, the rules, alertmanager.yml.
+"""Configuration files of the local stack: the scrape config, the rules, alertmanager.yml.
 
 The rules and the Alertmanager routing are the generated ones (``argus_core.rules``), run
-``time_scale`` times faster; Prometheus scrapes the exporters (file_sd, written by the live
-jobs), the processor and the scorer with ``honor_labels`` so that their ``job`` label (the
-training job) is kept rather than replaced by the scrape job's name.
+``time_scale`` times faster. The scrape config is the same on either engine (Prometheus reads
+it as prometheus.yml with the rule files and Alertmanager added; both vmagents read it as
+vmagent.yml and split its targets between them): the exporters (file_sd, written by live jobs
+and ``argus stack targets``), the processor and the scorer with ``honor_labels`` so that their
+``job`` label (the training job) is kept rather than replaced by the scrape job's name, and the
+engine's own components.
 """
 
 from __future__ import annotations
@@ -24,42 +27,53 @@ from argus_core.rules.generate import to_yaml
 from argus_core.rules.recording import recording_groups
 
 
-def _static(job: str, target: str, interval: str, honor: bool = True) -> dict:
+def _static(job: str, targets: list[str], interval: str, honor: bool = True) -> dict:
     config = {"job_name": job, "scrape_interval": interval,
-              "static_configs": [{"targets": [target]}]}
+              "static_configs": [{"targets": targets}]}
     if honor:
         config["honor_labels"] = True
     return config
 
 
-def prometheus_config(rules: RulesConfig, targets_dir: Path, rule_files: list[str],
-                      processor: str, scorer: str, alertmanager: str, self_target: str) -> dict:
-    """prometheus.yml for the stack (targets are host:port)."""
+def scrape_config(rules: RulesConfig, targets_dir: Path, processor: str, scorer: str,
+                  own: dict[str, list[str]], file_sd_refresh: bool = True) -> dict:
+    """The scrape jobs of the stack (targets are host:port): Argus's, then ``own`` (scrape job
+    name -> targets: the engine's components and Alertmanager, under their own job names).
+    ``file_sd_refresh``: say how often to reread the targets files (Prometheus; vmagent
+    refuses the field and takes it as a flag)."""
     interval = format_duration(rules.scrape_interval)
-    exporters = {
-        "job_name": EXPORTERS_SCRAPE_JOB, "honor_labels": True, "scrape_interval": interval,
-        "file_sd_configs": [{"files": [str(targets_dir / "*.json")],
-                             "refresh_interval": interval}],
-    }
+    file_sd = {"files": [str(targets_dir / "*.json")]}
+    if file_sd_refresh:
+        file_sd["refresh_interval"] = interval
+    exporters = {"job_name": EXPORTERS_SCRAPE_JOB, "honor_labels": True,
+                 "scrape_interval": interval, "file_sd_configs": [file_sd]}
     return {
         "global": {"scrape_interval": interval,
-                   "evaluation_interval": format_duration(rules.evaluation_interval),
                    "scrape_timeout": format_duration(min(rules.scrape_interval, 10.0))},
-        "rule_files": rule_files,
-        "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
         "scrape_configs": [
             exporters,
-            _static(PROCESSOR_SCRAPE_JOB, processor, interval),
-            _static(SCORER_SCRAPE_JOB, scorer, interval),
-            _static("prometheus", self_target, interval, honor=False),
-            _static("alertmanager", alertmanager, interval, honor=False),
+            _static(PROCESSOR_SCRAPE_JOB, [processor], interval),
+            _static(SCORER_SCRAPE_JOB, [scorer], interval),
+            *(_static(job, targets, interval, honor=False) for job, targets in own.items()),
         ],
     }
 
 
+def prometheus_config(scrape: dict, rules: RulesConfig, rule_files: list[str],
+                      alertmanager: str) -> dict:
+    """prometheus.yml: the scrape config, the rule files and where to send alerts."""
+    config = {**scrape, "rule_files": rule_files,
+              "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}}
+    config["global"] = {**scrape["global"],
+                        "evaluation_interval": format_duration(rules.evaluation_interval)}
+    return config
+
+
 def write_configs(directory: Path, rules: RulesConfig, webhook_url: str, processor: str,
-                  scorer: str, alertmanager: str, prometheus: str) -> dict[str, Path]:
-    """Write rules, prometheus.yml and alertmanager.yml under ``directory``."""
+                  scorer: str, alertmanager: str, own: dict[str, list[str]],
+                  engine: str) -> dict[str, Path]:
+    """Write the rules, the engine's scrape config (prometheus.yml or vmagent.yml) and
+    alertmanager.yml under ``directory``; returns their paths by kind."""
     rules_dir = directory / "rules"
     rules_dir.mkdir(parents=True, exist_ok=True)
     files = {"recording": rules_dir / "argus.rules.yml", "alerting": rules_dir / "argus.alerts.yml"}
@@ -67,10 +81,16 @@ def write_configs(directory: Path, rules: RulesConfig, webhook_url: str, process
     files["alerting"].write_text(to_yaml({"groups": alert_groups(rules)}))
     targets = directory / "targets"
     targets.mkdir(exist_ok=True)
-    files["prometheus"] = directory / "prometheus.yml"
-    files["prometheus"].write_text(to_yaml(prometheus_config(
-        rules, targets, [str(files["recording"]), str(files["alerting"])], processor, scorer,
-        alertmanager, prometheus)))
+    scrape = scrape_config(rules, targets, processor, scorer,
+                           {**own, "alertmanager": [alertmanager]},
+                           file_sd_refresh=engine == "prometheus")
+    if engine == "prometheus":
+        files["scrape"] = directory / "prometheus.yml"
+        scrape = prometheus_config(scrape, rules, [str(files["recording"]),
+                                                   str(files["alerting"])], alertmanager)
+    else:
+        files["scrape"] = directory / "vmagent.yml"
+    files["scrape"].write_text(to_yaml(scrape))
     files["alertmanager"] = directory / "alertmanager.yml"
     files["alertmanager"].write_text(to_yaml(alertmanager_config(
         replace(rules, webhook_url=webhook_url))))

@@ -1,10 +1,12 @@
-"""``argus stack up|status|down``: Prometheus, Alertmanager, the processor, the scorer, an S3
-server and optionally live simulated jobs, on one machine, in one working directory.
+"""``argus stack up|status|down``: a metrics engine (Prometheus, or VictoriaMetrics with two
+vmagents and vmalert: ``argus_core.stack.engines``), Alertmanager, the processor, the scorer,
+an S3 server and optionally live simulated jobs, on one machine, in one working directory.
 
 Everything is a plain process started here with its own config, data directory and free
 loopback port (``DIR/stack.json`` records what was started; ``DIR/logs/`` holds each one's
-output). Prometheus and Alertmanager are Debian's binaries (``prometheus``,
-``prometheus-alertmanager``); the S3 server is moto's (``moto_server``). The whole stack runs
+output). The engines and Alertmanager are Debian's binaries (``prometheus``,
+``victoria-metrics``, ``vmagent``, ``vmalert``, ``prometheus-alertmanager``); the S3 server is
+moto's (``moto_server``). The whole stack runs
 ``time_scale`` times faster than production (scrape and evaluation intervals, rule windows
 and ``for`` durations, the processor's window, the scorer's interval), 15x by default, so a
 fault is visible in Alertmanager within a minute rather than ten.
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from argus_core.rules.config import L2_SCORER, RulesConfig, format_duration, load_config
+from argus_core.stack import engines
 from argus_core.stack.configs import write_configs
 from argus_core.stack.processes import Process, StackError, free_port, start, wait_ready
 
@@ -27,7 +30,7 @@ STATE_FILE = "stack.json"
 NOMINAL_STEP_S = 4.0  # a healthy training step in production, as the rules' defaults assume
 LIVE_FAULT_DELAY_STEPS = 40  # live faults start this much later: a healthy baseline first
 BUCKET = "argus-traces"
-COMPONENTS = ("s3", "processor", "webhook", "alertmanager", "scorer", "prometheus")
+COMPONENTS = ("s3", "processor", "webhook", "alertmanager", "scorer")  # then the engine's
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class StackConfig:
     time_scale: float = 15.0
     rules_config: str | None = None  # the user's rule overrides
     host: str = "127.0.0.1"
+    engine: str = engines.PROMETHEUS  # one of engines.ENGINES
 
     @property
     def rules(self) -> RulesConfig:
@@ -56,7 +60,7 @@ def binary(name: str) -> str:
     path = shutil.which(name)
     if path is None:
         hint = ("pip install 'moto[server]'" if name == "moto_server" else
-                "apt-get install prometheus prometheus-alertmanager")
+                f"apt-get install {engines.PACKAGES.get(name, name)}")
         raise StackError(f"{name} is not installed ({hint})")
     return path
 
@@ -182,57 +186,62 @@ def up(config: StackConfig) -> Stack:
         rules = config.rules
     except (OSError, ValueError) as exc:
         raise StackError(f"rules config: {exc}") from None
-    for name in ("prometheus", "prometheus-alertmanager", "moto_server"):
+    if config.engine not in engines.ENGINES:
+        raise StackError(f"--engine {config.engine!r}: expected one of "
+                         f"{', '.join(engines.ENGINES)}")
+    for name in (*engines.programs(config.engine), "prometheus-alertmanager", "moto_server"):
         binary(name)
     jobs = [_live_job(case, config) for case in config.simulate]  # validate before starting
 
     host = config.host
-    ports = {name: free_port(host) for name in COMPONENTS}
-    url = {name: f"http://{host}:{port}" for name, port in ports.items()}
-    stack = Stack(workdir, urls={**url, "alerts": str(workdir / "alerts.ndjson")})
+    names = (*COMPONENTS, *engines.components(config.engine))
+    addr = {name: f"{host}:{free_port(host)}" for name in names}
+    url = {name: f"http://{a}" for name, a in addr.items()}
+    query = url[engines.components(config.engine)[0]]  # the engine's Prometheus query API
+    stack = Stack(workdir, urls={**url, "prometheus": query,
+                                 "alerts": str(workdir / "alerts.ndjson")})
     scale = config.time_scale
     window_s = 60.0 / scale
-    files = write_configs(workdir, rules, f"{url['webhook']}/alerts",
-                          f"{host}:{ports['processor']}", f"{host}:{ports['scorer']}",
-                          f"{host}:{ports['alertmanager']}", f"{host}:{ports['prometheus']}")
+    files = write_configs(workdir, rules, f"{url['webhook']}/alerts", addr["processor"],
+                          addr["scorer"], addr["alertmanager"],
+                          engines.own_scrape_targets(config.engine, addr), config.engine)
     s3_env = {"AWS_ENDPOINT_URL": url["s3"], "AWS_ACCESS_KEY_ID": "argus",
               "AWS_SECRET_ACCESS_KEY": "argus", "AWS_DEFAULT_REGION": "us-east-1"}
     python = [sys.executable, "-m", "argus_core.cli"]
     logs = workdir / "logs"
-    stack.info = {"time_scale": scale, "env": {"processor": s3_env}, "ready": {},
-                  "bucket": BUCKET, "jobs": [job for job, _ in jobs]}
+    stack.info = {"time_scale": scale, "engine": config.engine, "env": {"processor": s3_env},
+                  "ready": {}, "bucket": BUCKET, "jobs": [job for job, _ in jobs]}
     commands = {
-        "s3": ([binary("moto_server"), "-H", host, "-p", str(ports["s3"])], url["s3"] + "/"),
-        "processor": ([*python, "processor", "--listen", f"{host}:{ports['processor']}",
+        "s3": ([binary("moto_server"), "-H", host, "-p", addr["s3"].rsplit(":", 1)[1]],
+               url["s3"] + "/"),
+        "processor": ([*python, "processor", "--listen", addr["processor"],
                        "--store", f"s3://{BUCKET}/argus", "--spool", str(workdir / "spool"),
                        "--window", f"{window_s:g}", "--grace", f"{max(10.0 / scale, 0.5):g}"],
                       url["processor"] + "/readyz"),
         "webhook": ([sys.executable, "-m", "argus_core.stack.webhook", "--listen",
-                     f"{host}:{ports['webhook']}", "--out", stack.urls["alerts"]],
+                     addr["webhook"], "--out", stack.urls["alerts"]],
                     url["webhook"] + "/"),
         "alertmanager": ([binary("prometheus-alertmanager"),
                           f"--config.file={files['alertmanager']}",
                           f"--storage.path={workdir / 'alertmanager-data'}",
-                          f"--web.listen-address={host}:{ports['alertmanager']}",
+                          f"--web.listen-address={addr['alertmanager']}",
                           "--cluster.listen-address="], url["alertmanager"] + "/-/ready"),
-        "scorer": ([*python, "score", "--prometheus", url["prometheus"], "--listen",
-                    f"{host}:{ports['scorer']}", "--interval", f"{window_s:g}",
-                    "--window", f"{window_s:g}",
+        "scorer": ([*python, "score", "--prometheus", query, "--listen", addr["scorer"],
+                    "--interval", f"{window_s:g}", "--window", f"{window_s:g}",
                     "--rate-window", format_duration(rules.rate_window),
                     "--timeout", f"{max(window_s, 2.0):g}",
                     # the rules' L2 source decides which L2 findings the scorer publishes
                     "--l2-findings", "all" if rules.l2_source == L2_SCORER else "beyond-promql"],
                    url["scorer"] + "/metrics"),
-        "prometheus": ([binary("prometheus"), f"--config.file={files['prometheus']}",
-                        f"--storage.tsdb.path={workdir / 'prometheus-data'}",
-                        f"--web.listen-address={host}:{ports['prometheus']}",
-                        "--web.enable-lifecycle"], url["prometheus"] + "/-/ready"),
     }
+    for component in engines.commands(config.engine, binary, rules, workdir, addr, files,
+                                      addr["alertmanager"]):
+        commands[component.name] = (component.argv, component.ready)
     try:
         # S3 and its bucket first: the processor is ready only once its store takes files.
         # Every other component only needs the others' addresses, known already: start them
         # all, then wait for each.
-        for name in COMPONENTS:
+        for name in names:
             argv, ready = commands[name]
             stack.info["ready"][name] = ready
             process = stack._add(start(name, argv, logs, env=stack.info["env"].get(name),
