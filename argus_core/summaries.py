@@ -97,10 +97,33 @@ def top_kernels(summary: KernelSummary, k: int) -> KernelSummary:
     return summary.take(keep_group[gid])
 
 
+def kernel_tail(summary: KernelSummary, top: KernelSummary) -> dict[int, tuple[float, int]]:
+    """Per rank of ``summary``: the kernel time (seconds) and the number of kernels (kernel x
+    stream) that ``top`` (its ``top_kernels``) leaves out; every rank, zeros included."""
+    from argus_core.stats.grouping import dense_ids
+
+    out = {}
+    for part, sign in ((summary, 1), (top, -1)):
+        if not len(part):
+            continue
+        _, (g_rank, _, _) = dense_ids(part.rank, part.kernel, part.stream)
+        units = np.bincount(g_rank, minlength=int(part.rank.max()) + 1)
+        seconds = np.bincount(part.rank, part.sum_ns) * 1e-9
+        for rank in np.unique(part.rank).tolist():
+            was = out.get(rank, (0.0, 0))
+            out[rank] = (was[0] + sign * float(seconds[rank]), was[1] + sign * int(units[rank]))
+    return {rank: (max(s, 0.0), u) for rank, (s, u) in out.items()}
+
+
 QUANTILE_FAMILY = "argus_kernel_duration_seconds"
 EXECUTIONS_FAMILY = "argus_kernel_executions"
 _QUANTILE_DOC = "Kernel duration quantile per cluster in the last window."
 _EXECUTIONS_DOC = "Kernel executions per cluster in the last window."
+TAIL_SECONDS_FAMILY = "argus_kernel_tail_seconds"
+TAIL_KERNELS_FAMILY = "argus_kernel_tail_kernels"
+_TAIL_SECONDS_DOC = ("Kernel time in the last window of the rank's kernels beyond the top-k "
+                     "the processor exports (--top-k): what L3 does not see.")
+_TAIL_KERNELS_DOC = "Kernels (kernel x stream) of the rank beyond the exported top-k."
 
 
 def summary_families(by_job: Mapping[str, KernelSummary]) -> list:
@@ -155,6 +178,24 @@ def summary_headers() -> tuple[str, str]:
     """The ``# HELP``/``# TYPE`` lines of the two families of :func:`summary_lines`."""
     return tuple(f"# HELP {name} {doc}\n# TYPE {name} gauge\n" for name, doc in (
         (QUANTILE_FAMILY, _QUANTILE_DOC), (EXECUTIONS_FAMILY, _EXECUTIONS_DOC)))
+
+
+def tail_lines(job: str, tails: Mapping[int, tuple[float, int]]) -> tuple[str, str]:
+    """The sample lines of ``kernel_tail``'s result for one job: (seconds, kernels)."""
+    from prometheus_client.utils import floatToGoString
+
+    job_l = _label_value(job)
+    seconds = [f'{TAIL_SECONDS_FAMILY}{{job="{job_l}",rank="{rank}"}} {floatToGoString(s)}\n'
+               for rank, (s, _) in sorted(tails.items())]
+    kernels = [f'{TAIL_KERNELS_FAMILY}{{job="{job_l}",rank="{rank}"}} {floatToGoString(k)}\n'
+               for rank, (_, k) in sorted(tails.items())]
+    return "".join(seconds), "".join(kernels)
+
+
+def tail_headers() -> tuple[str, str]:
+    """The ``# HELP``/``# TYPE`` lines of the two families of :func:`tail_lines`."""
+    return tuple(f"# HELP {name} {doc}\n# TYPE {name} gauge\n" for name, doc in (
+        (TAIL_SECONDS_FAMILY, _TAIL_SECONDS_DOC), (TAIL_KERNELS_FAMILY, _TAIL_KERNELS_DOC)))
 
 
 def _label_value(value: str) -> str:

@@ -319,20 +319,66 @@ def api_answers(summary) -> tuple[bytes, bytes]:
 def scorer_compute(ranks: int, kernels: int) -> dict:
     """Parse and compute time of one scorer round at ``ranks`` x ``kernels``, fetched (as the
     scorer fetches) one peer set (pipeline stage) at a time."""
-    from argus_core.gcpause import cycle_collection_paused
-    from argus_core.score.prometheus import read_columns
-    from argus_core.score.snapshot import SUMMARY_INTS, SUMMARY_TEXTS, concat
-
     summary = synthetic_summaries(ranks, kernels, slow={SLOW_RANK: 2.0})
+    one = scorer_shard(summary, ranks, 0, 1)
+    judgement = one.pop("judgement")
+    flagged = set(judgement.kernels.rank[judgement.kernels.straggler].tolist())
+    return {**one, "scorer_slow_rank_found": flagged == {SLOW_RANK},
+            "scorer_l2_tests": judgement.l2_tests,  # the L2 ran on every rank and phase
+            "scorer_l2_findings": sorted({f"{f.rank}:{f.phase}:{f.axis}"
+                                          for f in judgement.phases})}
+
+
+def scorer_shards(ranks: int, kernels: int, shards: int) -> dict:
+    """The same round split over ``shards`` scorers (``--split peer-set``), one after the
+    other: each shard's round seconds, and whether together they publish what one does."""
+    summary = synthetic_summaries(ranks, kernels, slow={SLOW_RANK: 2.0})
+    whole = scorer_shard(summary, ranks, 0, 1)
+    parts = [scorer_shard(summary, ranks, i, shards) for i in range(shards)]
+
+    def published(judgements) -> tuple:
+        kernels = sorted((int(j.kernels.rank[i]), j.kernels.names[j.kernels.kernel[i]],
+                          float(j.kernels.score[i]), bool(j.kernels.straggler[i]))
+                         for j in judgements for i in range(len(j.kernels)))
+        return (kernels, sorted(v for j in judgements for v in j.verdicts),
+                sorted((f.rank, f.phase, f.axis, f.ratio) for j in judgements
+                       for f in j.phases), sum(j.l2_tests for j in judgements))
+
+    return {"scorer_shards": shards,
+            "scorer_shard_round_seconds": [round(p["scorer_round_seconds"], 2) for p in parts],
+            "scorer_shard_series": [p["scorer_series"] for p in parts],
+            "scorer_shards_agree": published([whole["judgement"]])
+            == published([p["judgement"] for p in parts])}
+
+
+def scorer_shard(summary, ranks: int, shard: int, shards: int) -> dict:
+    """One scorer's round on the summaries of its peer sets (all of them when ``shards`` is
+    1; else those ``peer_set_shard`` gives it, and the stage sample's others), as Prometheus
+    would answer them: decode, rebuild, judge, restrict."""
+    from argus_core.gcpause import cycle_collection_paused
+    from argus_core.score.core_adapter import restrict
+    from argus_core.score.prometheus import read_columns
+    from argus_core.score.service import peer_set_shard
+    from argus_core.score.snapshot import SUMMARY_INTS, SUMMARY_TEXTS, concat, stage_sample
+
     topology = topology_for(ranks)
     coords = topology.coords()
     stage = coords[:, AXES.index("pp")]
+    phases = phase_snapshot(ranks, coords)
+    owned = [p for p in range(topology.pp)
+             if shards == 1 or peer_set_shard("bench", p, shards) == shard]
+    wanted = [stage[summary.rank] == p for p in owned]
+    if shards > 1:  # the stage sample's ranks outside this shard's peer sets
+        sample = np.zeros(ranks, dtype=bool)
+        sample[stage_sample(phases)] = True
+        sample[np.isin(stage, owned)] = False
+        wanted.append(sample[summary.rank])
     names: dict[str, int] = {}
     parts, parse_s, rebuild_s, series, fallbacks = [], 0.0, 0.0, 0, 0
     started, render_s = time.perf_counter(), 0.0
-    for position in range(topology.pp):
+    for mask in wanted:
         t0 = time.perf_counter()
-        answers = api_answers(summary.take(stage[summary.rank] == position))
+        answers = api_answers(summary.take(mask))
         render_s += time.perf_counter() - t0
         with cycle_collection_paused():  # as the scorer decodes (score/snapshot.py)
             t0 = time.perf_counter()
@@ -347,23 +393,22 @@ def scorer_compute(ranks: int, kernels: int) -> dict:
         parts.append(kernel_summary(executions, durations, 60_000_000_000, names))
         del executions, durations
         rebuild_s += time.perf_counter() - t0
-    phases = phase_snapshot(ranks, coords)
     t0 = time.perf_counter()
-    table = concat(parts, names, 60_000_000_000)
+    own = parts[:len(owned)]
+    table = concat(own, names, 60_000_000_000)
     snapshot = JobSnapshot("bench", table, {r: tuple(coords[r]) for r in range(ranks)}, phases,
                            dict.fromkeys(range(ranks), 1 / STEP_S))
-    judgement = judge(snapshot, peer_axis="pp")
+    if shards > 1:
+        snapshot.peer_sets = owned
+        snapshot.stage_sample = concat(parts[len(owned):], names, 60_000_000_000)
+    judgement = restrict(judge(snapshot, peer_axis="pp"), snapshot, "pp",
+                         lead=shards == 1 or 0 in owned)
     judge_s = time.perf_counter() - t0
     round_s = time.perf_counter() - started - render_s  # decode, rebuild, freeing, judge
-    flagged = set(judgement.kernels.rank[judgement.kernels.straggler].tolist())
     return {"scorer_compute_seconds": rebuild_s + judge_s, "scorer_rebuild_seconds": rebuild_s,
             "scorer_judge_seconds": judge_s, "scorer_parse_seconds": parse_s,
-            "scorer_round_seconds": round_s,
-            "scorer_series": series, "scorer_decode_fallbacks": fallbacks,
-            "scorer_slow_rank_found": flagged == {SLOW_RANK},
-            "scorer_l2_tests": judgement.l2_tests,  # the L2 ran on every rank and phase
-            "scorer_l2_findings": sorted({f"{f.rank}:{f.phase}:{f.axis}"
-                                          for f in judgement.phases})}
+            "scorer_round_seconds": round_s, "scorer_series": series,
+            "scorer_decode_fallbacks": fallbacks, "judgement": judgement}
 
 
 def phase_snapshot(ranks: int, coords: np.ndarray) -> PhaseTable:
@@ -385,6 +430,8 @@ def main() -> None:
     parser.add_argument("--kernels", type=int, default=100,
                         help="kernels per rank for the scorer's compute (0: skip it)")
     parser.add_argument("--query-kernels", type=int, default=4)
+    parser.add_argument("--shards", type=int, default=0,
+                        help="also split the scorer's round over N peer-set shards")
     parser.add_argument("--scorer-only", action="store_true",
                         help="only the scorer's parse and compute (no Prometheus)")
     parser.add_argument("--l2-source", choices=L2_SOURCES, default=RulesConfig().l2_source,
@@ -398,6 +445,8 @@ def main() -> None:
     result: dict = {"ranks": args.ranks, "phases": len(PHASES)}
     if args.kernels:
         result.update(scorer_compute(args.ranks, args.kernels))
+        if args.shards > 1:
+            result.update(scorer_shards(args.ranks, args.kernels, args.shards))
         result["kernels"] = args.kernels
     if args.scorer_only:
         report(result, args.json)

@@ -276,6 +276,12 @@ def test_kernel_names_go_with_their_window(tmp_path):
     assert held["records"] == 0 and held["kernels"] == 0
     (_, summary), = processor.latest.values()
     assert len(summary.names) == 4  # /metrics keeps the top kernels' names, not the table
+    text, left_out = processor.summary_exposition()  # ... and sums up the rest per rank
+    assert left_out == 0
+    assert 'argus_kernel_tail_kernels{job="llm",rank="0"} 19996.0\n' in text
+    tail = next(line for line in text.splitlines()
+                if line.startswith('argus_kernel_tail_seconds{job="llm",rank="0"}'))
+    assert float(tail.split()[-1]) == pytest.approx(19_996 * 500e-9)
     processor.drain(timeout=30)
 
 

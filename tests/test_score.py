@@ -132,6 +132,56 @@ def test_shards_split_the_jobs_between_scorers(prometheus):
         zlib.crc32(f"job-{i}".encode()) % 4 for i in range(8)]
 
 
+RESULT_FAMILIES = ("argus_kernel_w1_score", "argus_kernel_straggler", "argus_verdict",
+                   "argus_rank_wait_seconds", "argus_phase_straggler_ratio",
+                   "argus_l2_group_median_seconds", "argus_l2_group_threshold_seconds",
+                   "argus_l2_log_ratio_scale", "argus_l2_z_family", "argus_scorer_l2_tests")
+
+
+def published(scorers: list[Scorer]) -> dict[str, list[tuple[tuple, float]]]:
+    """Every result series the scorers publish together, sorted, by family."""
+    out: dict[str, list] = {name: [] for name in RESULT_FAMILIES}
+    for scorer in scorers:
+        for name, rows in samples(scorer).items():
+            if name in out:
+                out[name] += [(tuple(sorted(labels.items())), value) for labels, value in rows]
+    return {name: sorted(rows) for name, rows in out.items()}
+
+
+@pytest.mark.parametrize("shards", [2, 3])
+def test_peer_set_shards_publish_together_exactly_what_one_scorer_does(prometheus, shards):
+    """``--split peer-set``: every shard scores some peer sets of every job (here 2 per job,
+    pp = 0 and 1); the union of what they publish is the single scorer's, series for series
+    (no series twice, none missing, the same values), and each says which peer sets it
+    scored."""
+    def round_of(scorers: list[Scorer]) -> dict:
+        for scorer in scorers:
+            assert scorer.run_round()
+        return published(scorers)
+
+    single = [Scorer(config(prometheus.url))]
+    split = [Scorer(config(prometheus.url, shard=i, shards=shards, split="peer-set"))
+             for i in range(shards)]
+    # The exporters' counters advance between rounds: compare rounds run back to back, and
+    # take a pair in which the steps' rates did not move.
+    for _ in range(5):
+        one, together = round_of(single), round_of(split)
+        if together == one:
+            break
+    assert together == one
+    assert one["argus_verdict"] and one["argus_kernel_w1_score"]
+    owned = [(s["job"], s["position"]) for scorer in split
+             for s, _ in samples(scorer).get("argus_scorer_peer_set_info", [])]
+    assert sorted(owned) == [(job, pp) for job in ("llm-a", "llm-b") for pp in ("0", "1")]
+    unscored = {}
+    for scorer in split:
+        for labels, value in samples(scorer)["argus_scorer_unscored_ranks"]:
+            unscored[labels["job"]] = unscored.get(labels["job"], 0) + value
+    assert unscored == {"llm-a": 1, "llm-b": 0}
+    with pytest.raises(ValueError, match="--split 'rank'"):
+        config(prometheus.url, split="rank")
+
+
 def test_prometheus_down_publishes_nothing_and_says_so(prometheus):
     scorer = Scorer(config(prometheus.url))
     assert scorer.run_round()

@@ -70,6 +70,34 @@ def test_top_kernels_bounds_series_per_rank():
     assert len(top_kernels(s, 100)) == len(s)
 
 
+@pytest.mark.parametrize("k", [1, 4, 10])
+def test_the_kernels_beyond_the_top_k_are_summed_per_rank(k):
+    """What the top-k cap leaves out of each rank is exported as two series per rank, its
+    kernel time and its number of kernels: the cap's cost in L3 coverage is visible."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from argus_core.simulate.summaries import synthetic_summaries
+    from argus_core.summaries import kernel_tail, tail_headers, tail_lines, top_kernels
+
+    s = synthetic_summaries(3, n_kernels=10)
+    top = top_kernels(s, k)
+    tails = kernel_tail(s, top)
+    for rank in range(3):
+        left = (s.rank == rank) & ~np.isin(s.kernel, top.kernel[top.rank == rank])
+        assert tails[rank][0] == pytest.approx(s.sum_ns[left].sum() * 1e-9)
+        assert tails[rank][1] == len({(int(a), int(b)) for a, b in
+                                      zip(s.kernel[left], s.stream[left], strict=True)})
+    assert (tails[0][1] == 0) == (k >= 10)
+    seconds, kernels = tail_lines('job "x"', tails)
+    headers = tail_headers()
+    families = {f.name: f for f in text_string_to_metric_families(
+        headers[0] + seconds + headers[1] + kernels)}
+    assert {(x.labels["job"], x.labels["rank"]): x.value
+            for x in families["argus_kernel_tail_seconds"].samples} == {
+        ('job "x"', str(r)): pytest.approx(tails[r][0]) for r in range(3)}
+    assert len(families["argus_kernel_tail_kernels"].samples) == 3
+
+
 def test_pre_rendered_lines_are_what_prometheus_client_renders():
     """The processor's /metrics joins lines rendered once per window: they must be exactly
     prometheus-client's exposition of the same summaries, escapes and number formats

@@ -26,7 +26,12 @@ def register(commands) -> None:
     p.add_argument("--interval", type=float, default=60.0, metavar="S",
                    help="seconds between rounds (default 60, the processors' window)")
     p.add_argument("--shard", default="0/1", metavar="I/N",
-                   help="score only jobs whose name hashes to shard I of N (default 0/1)")
+                   help="score only shard I of N: the jobs whose name hashes to it, or with "
+                        "--split peer-set its peer sets of every job (default 0/1)")
+    p.add_argument("--split", default="job", choices=["job", "peer-set"],
+                   help="what the shards divide: whole jobs (default), or each job's peer "
+                        "sets, the ranks at one position of --peer-axis, so that one large "
+                        "job is scored by several scorers")
     p.add_argument("--peer-axis", default="pp", choices=["dp", "tp", "pp", "ep"],
                    help="ranks at the same position on this axis are peers (default pp)")
     p.add_argument("--window", type=float, default=60.0, metavar="S",
@@ -72,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
                  "rate_window": args.rate_window}
         shared.update({k: v for k, v in flags.items() if v is not None})
         config = ScoreConfig(prometheus=args.prometheus, interval_s=args.interval,
-                             shard=int(index), shards=int(count), peer_axis=args.peer_axis,
+                             shard=int(index), shards=int(count), split=args.split,
+                             peer_axis=args.peer_axis,
                              window_s=args.window, timeout_s=args.timeout,
                              max_answer_bytes=args.max_answer_mb << 20, **shared)
         from argus_core.score.prometheus import PrometheusAPI

@@ -106,14 +106,17 @@ class KernelScores:
 
 def score_kernels(summary: KernelSummary, peer_set_of_rank: np.ndarray | None = None,
                   config: L3Config | None = None,
-                  steps_per_window: np.ndarray | None = None) -> KernelScores:
+                  steps_per_window: np.ndarray | None = None,
+                  family_scale: float = 1.0) -> KernelScores:
     """Score every rank of every unit; ``flagged`` marks the slow (rank, kernel, stream) rows.
 
     ``peer_set_of_rank[r]`` groups ranks doing the same work (e.g. their pipeline stage;
     all ranks alike when None). ``steps_per_window[w]`` (optional) is how many training steps
     window w holds: executions within a step share its conditions (MoE routing, host load),
     so a row's mean has no more independent samples than steps. This is the entry point for a
-    scoring job that only holds (count, p50, p99) per cluster.
+    scoring job that only holds (count, p50, p99) per cluster. ``family_scale``: the job's
+    tests over those in ``summary`` (a scorer shard holding some peer sets of a job): the
+    family-wise thresholds are then the whole job's.
     """
     config = config or L3Config()
     if peer_set_of_rank is None:
@@ -183,10 +186,10 @@ def score_kernels(summary: KernelSummary, peer_set_of_rank: np.ndarray | None = 
     spread_cv = _unit_median(_relative_sd(comp_row, n_rows, weight, mu, sigma), row_unit,
                              n_units)[row_unit]
     sampling = spread_cv / np.sqrt(np.maximum(samples, 1.0)) * t_widening(
-        np.maximum(samples - 1, 1), config.alpha / max(n_tests, 1))
+        np.maximum(samples - 1, 1), config.alpha / max(n_tests * family_scale, 1))
     row_spread = np.maximum(spread[row_unit], np.hypot(config.scale_floor, sampling))
     z = (signed - centre[row_unit]) / row_spread
-    z_rows = family_z(n_tests, config.alpha)
+    z_rows = family_z(round(n_tests * family_scale), config.alpha)
     fence = centre[row_unit] + z_rows * row_spread
     above_typical = signed - centre[row_unit]  # extra time over the typical healthy rank
     flagged = scored & (z >= z_rows) & (score >= config.min_score) & (
@@ -196,8 +199,8 @@ def score_kernels(summary: KernelSummary, peer_set_of_rank: np.ndarray | None = 
                                      row_unit, signed, ref_time, executions, config)
     judged_ranks = np.isfinite(rank_z)
     if judged_ranks.any():
-        z_ranks = family_z(_count_ranks(row_rank, u_peer[row_unit], u_window[row_unit],
-                                        judged_ranks), config.alpha)
+        z_ranks = family_z(round(family_scale * _count_ranks(
+            row_rank, u_peer[row_unit], u_window[row_unit], judged_ranks)), config.alpha)
         slow_rank = (rank_z >= z_ranks) & (rank_score >= config.min_score)
         if slow_rank.any():
             kernels_per_rank = np.bincount(row_rank[scored]).astype(float)

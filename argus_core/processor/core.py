@@ -44,7 +44,15 @@ from argus_core.processor.windows import (
     window_keys,
 )
 from argus_core.schema import KernelBatch, RankRecord, Record
-from argus_core.summaries import KernelSummary, summary_headers, summary_lines, top_kernels
+from argus_core.summaries import (
+    KernelSummary,
+    kernel_tail,
+    summary_headers,
+    summary_lines,
+    tail_headers,
+    tail_lines,
+    top_kernels,
+)
 
 logger = logging.getLogger("argus_core.processor")
 
@@ -118,7 +126,9 @@ class Processor:
         self.inflight_bytes = 0  # request bodies being read or decoded
         self.stats = ProcessorStats()
         self.latest: dict[tuple[str, int], tuple[int, KernelSummary]] = {}
-        self.exposed: dict[tuple[str, int], tuple[str, str, int]] = {}  # lines of latest
+        # the latest summaries' lines (quantiles, executions, tail seconds, tail kernels) and
+        # their series count, per (job, rank)
+        self.exposed: dict[tuple[str, int], tuple[str, str, str, str, int]] = {}
         self.store_problem: str | None = None
         self._store_checked = 0.0
         self._uploads_at_check = 0
@@ -474,34 +484,34 @@ class Processor:
         previous = self.latest.get(key)
         if previous is not None and previous[0] > window.start_ns:
             return  # a late window never replaces a newer one's summaries
-        top = _compact(top_kernels(summary, self.config.top_k))
+        top = top_kernels(summary, self.config.top_k)
+        tail = tail_lines(window.job, kernel_tail(summary, top))
+        top = _compact(top)
         if previous is not None:
             self.stats.summary_bytes -= _summary_bytes(previous[1]) + self._exposed_bytes(key)
         self.latest[key] = (window.start_ns, top)
-        self.exposed[key] = (*summary_lines(top, window.job), 3 * len(top))
+        self.exposed[key] = (*summary_lines(top, window.job), *tail, 3 * len(top) + 2)
         self.stats.summary_bytes += _summary_bytes(top) + self._exposed_bytes(key)
 
     def _exposed_bytes(self, key: tuple[str, int]) -> int:
-        quantiles, counts, _ = self.exposed.get(key, ("", "", 0))
-        return len(quantiles) + len(counts)
+        return sum(map(len, self.exposed.get(key, ("", 0))[:-1]))
 
     def summary_exposition(self) -> tuple[str, int]:
         """The kernel summaries' part of /metrics, ranks in (job, rank) order up to
         ``max_metrics_series`` series, and how many ranks were left out. Takes no lock."""
-        headers = summary_headers()
-        quantiles, counts = [headers[0]], [headers[1]]
+        parts = [[header] for header in (*summary_headers(), *tail_headers())]
         series = left_out = 0
         for key in sorted(list(self.exposed)):
             entry = self.exposed.get(key)
             if entry is None:
                 continue
-            if series + entry[2] > self.config.max_metrics_series:
+            if series + entry[-1] > self.config.max_metrics_series:
                 left_out += 1
                 continue
-            quantiles.append(entry[0])
-            counts.append(entry[1])
-            series += entry[2]
-        return "".join(quantiles) + "".join(counts), left_out
+            for lines, part in zip(entry[:-1], parts, strict=True):
+                part.append(lines)
+            series += entry[-1]
+        return "".join("".join(part) for part in parts), left_out
 
     def _failed(self, window: Window) -> None:
         self.stats.write_errors += 1

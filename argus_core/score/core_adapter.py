@@ -108,6 +108,8 @@ class Judgement:
     z_family: float = float("nan")  # the z every L2 statistic of the job must reach
     groups: list[GroupRow] = field(default_factory=list)  # groups of 3+, compute phases
     scales: list[tuple[str, str, float]] = field(default_factory=list)  # (axis, phase, scale)
+    peer_sets: list[int] | None = None  # positions on the peer axis judged (None: all)
+    lead: bool = True  # publishes the job-wide L2 statistics (one shard of a job does)
 
 
 def judge(snapshot: JobSnapshot, peer_axis: str = "pp",
@@ -145,6 +147,35 @@ def judge(snapshot: JobSnapshot, peer_axis: str = "pp",
     out.verdicts = [(v.rank, v.cause) for v in build_verdicts(
         no_l1, l2, findings, context=_context(snapshot))]
     return out
+
+
+def restrict(judgement: Judgement, snapshot: JobSnapshot, peer_axis: str,
+             lead: bool) -> Judgement:
+    """What one scorer shard publishes of a job it judged with only some peer sets'
+    summaries (``snapshot.peer_sets``; the phase medians of every rank): the kernel scores,
+    verdicts, waits, L2 findings and unscored ranks of the ranks in those peer sets (a rank
+    without an identity is in peer set 0, as the core scores it), and the job-wide L2
+    statistics only where ``lead``. The shards of a job together publish what one scorer
+    would."""
+    if snapshot.peer_sets is None:
+        return judgement
+    axis = AXES.index(peer_axis)
+    owned = set(snapshot.peer_sets)
+
+    def mine(rank: int) -> bool:
+        coords = snapshot.coords.get(rank)
+        return (coords[axis] if coords is not None else 0) in owned
+
+    return Judgement(
+        kernels=judgement.kernels,  # only the owned peer sets' summaries were scored
+        verdicts=[(r, c) for r, c in judgement.verdicts if mine(r)],
+        wait_s={r: w for r, w in judgement.wait_s.items() if mine(r)},
+        unscored={r for r in judgement.unscored if mine(r)},
+        phases=[f for f in judgement.phases if mine(f.rank)],
+        l2_tests=judgement.l2_tests if lead else 0,
+        z_family=judgement.z_family if lead else float("nan"),
+        groups=judgement.groups if lead else [], scales=judgement.scales if lead else [],
+        peer_sets=sorted(owned), lead=lead)
 
 
 def worth_a_page(excess_s: float, context, min_cost_share: float) -> bool:
@@ -300,12 +331,18 @@ def group_rows(l2, table: PhaseTable) -> tuple[list[GroupRow], list[tuple[str, s
 def stage_classes(snapshot: JobSnapshot, table: PhaseTable) -> np.ndarray | None:
     """Class of each table rank's pipeline stage from the kernels it runs per step, as
     ``argus_core.detect.stages`` decides on a trace: a stage's inventory is the median over
-    its ranks of each compute kernel's executions per step, rounded; stages with the same
-    inventory are alike. None (all alike) without summaries or step rates."""
+    its sampled ranks (``snapshot.stage_sample``: the lowest-numbered ``STAGE_SAMPLE``) of
+    each compute kernel's executions per step, rounded; stages with the same inventory are
+    alike. None (all alike) without summaries or step rates. The same on a scorer shard,
+    which holds the sample's summaries beside its own peer sets'."""
+    from argus_core.score.snapshot import STAGE_SAMPLE, concat
     from argus_core.stats.grouping import dense_ids
     from argus_core.taxonomy import is_comm_kernel
 
     summary = snapshot.summary
+    if snapshot.stage_sample is not None and len(snapshot.stage_sample):
+        summary = concat([summary, snapshot.stage_sample],
+                         {name: i for i, name in enumerate(summary.names)}, summary.window_ns)
     pp = table.coords[:, AXES.index("pp")]
     if len(np.unique(pp)) < 2 or not len(summary):
         return None
@@ -325,7 +362,7 @@ def stage_classes(snapshot: JobSnapshot, table: PhaseTable) -> np.ndarray | None
     counts = np.zeros((len(table.ranks), n_kernels))
     counts[cell_row, cell_kernel] = per_step
     stages = np.unique(pp)
-    inventory = np.stack([np.median(counts[pp == s], axis=0) for s in stages])
+    inventory = np.stack([np.median(counts[pp == s][:STAGE_SAMPLE], axis=0) for s in stages])
     _, stage_class = np.unique(np.round(inventory).astype(np.int64), axis=0,
                                return_inverse=True)
     return stage_class.reshape(-1)[np.searchsorted(stages, pp)]
@@ -348,7 +385,12 @@ def _score_kernels(snapshot: JobSnapshot, peer_axis: str, config, out: Judgement
             peer[rank] = coords[axis]
     rates = [v for v in snapshot.steps_per_s.values() if v > 0]
     steps = (np.array([np.median(rates) * summary.window_ns * 1e-9]) if rates else None)
-    scores = score_kernels(summary, peer, config, steps)
+    scale = 1.0  # a shard's family-wise thresholds are the job's: its ranks' share of them
+    if snapshot.peer_sets is not None:
+        owned = set(snapshot.peer_sets)
+        mine = sum(coords[axis] in owned for coords in snapshot.coords.values())
+        scale = len(snapshot.coords) / max(mine, 1)
+    scores = score_kernels(summary, peer, config, steps, family_scale=scale)
     keep = ~np.isnan(scores.score)  # units with too few peers: no score, nothing said
     straggler = scores.flagged & keep
     comm = np.array([is_comm_kernel(n) for n in scores.names], dtype=bool)

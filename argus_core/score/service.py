@@ -1,7 +1,9 @@
 """``argus score``: the W1 scoring job (L3), a loop of rounds behind a ``/metrics`` endpoint.
 
 Each round lists the jobs with kernel summaries in Prometheus, keeps this shard's (a stable
-hash of the job name, so N scorers split a cluster without talking to each other), fetches
+hash of the job name, so N scorers split a cluster without talking to each other; with
+``split="peer-set"`` every job, and of each only this shard's peer sets: the ranks at some
+positions of the peer axis, which L3 compares only with each other), fetches
 each job's summaries, coordinates and phase medians, judges them with the core
 (``core_adapter.judge``) and publishes the result atomically:
 ``argus_kernel_w1_score{job,rank,kernel,stream}``, ``argus_kernel_straggler`` (0/1),
@@ -47,6 +49,7 @@ from argus_core.score.core_adapter import (
     PROMQL_AXES,
     Judgement,
     judge,
+    restrict,
 )
 from argus_core.score.limits import DEFAULT_MAX_ANSWER_BYTES, DEFAULT_TIMEOUT_S
 from argus_core.score.prometheus import (
@@ -64,6 +67,9 @@ MAX_BACKOFF_FACTOR = 4
 STOP_TIMEOUT_S = 5.0  # after SIGTERM, the longest wait for the round under way to end
 ERROR = "error"  # a failure that is not a query's: a bug judging the job
 FAILURE_REASONS = (*QUERY_REASONS, ERROR)  # the reason label of argus_scorer_failures_total
+SPLIT_JOBS = "job"  # a shard scores whole jobs
+SPLIT_PEER_SETS = "peer-set"  # a shard scores some peer sets of every job
+SPLITS = (SPLIT_JOBS, SPLIT_PEER_SETS)
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -83,6 +89,7 @@ class ScoreConfig:
     interval_s: float = 60.0
     shard: int = 0
     shards: int = 1
+    split: str = SPLIT_JOBS  # what the shards divide: whole jobs, or each job's peer sets
     peer_axis: str = "pp"
     window_s: float = 60.0  # the processors' --window: their summaries cover this much time
     rate_window: str = "2m"  # steps per second of each rank, over this window
@@ -96,6 +103,8 @@ class ScoreConfig:
         if self.l2_findings not in L2_FINDINGS:
             raise ValueError(f"--l2-findings {self.l2_findings!r}: expected one of "
                              f"{', '.join(L2_FINDINGS)}")
+        if self.split not in SPLITS:
+            raise ValueError(f"--split {self.split!r}: expected one of {', '.join(SPLITS)}")
         if not 0 <= self.shard < self.shards:
             raise ValueError(f"--shard {self.shard}/{self.shards}: expected I/N with "
                              f"0 <= I < N")
@@ -110,6 +119,13 @@ class ScoreConfig:
 def shard_of(job: str, shards: int) -> int:
     """The shard that scores ``job``: CRC-32 of its name, stable across runs and hosts."""
     return zlib.crc32(job.encode()) % shards
+
+
+def peer_set_shard(job: str, position: int, shards: int) -> int:
+    """The shard that scores one peer set of ``job`` (``split="peer-set"``): consecutive
+    positions on consecutive shards from the job's own ``shard_of``, so a job's peer sets
+    spread evenly and its job-wide statistics stay with the shard of its peer set 0."""
+    return (shard_of(job, shards) + position) % shards
 
 
 @dataclass
@@ -153,7 +169,8 @@ class Scorer:
         jobs_failed = 0
         try:
             jobs = [j for j in list_jobs(api, self.config.selector)
-                    if shard_of(j, self.config.shards) == self.config.shard]
+                    if self.config.split == SPLIT_PEER_SETS
+                    or shard_of(j, self.config.shards) == self.config.shard]
         except Exception as exc:  # whatever the answer, the round is counted
             _count(failures, exc, "cannot list jobs")
             jobs = None
@@ -162,7 +179,9 @@ class Scorer:
                 jobs_failed += 1
                 break
             try:
-                judgements[job] = self._judge(job)
+                judgement = self._judge(job)
+                if judgement.lead or judgement.peer_sets:  # else nothing of it is this shard's
+                    judgements[job] = judgement
             except Exception as exc:  # one job's failure is only that job's
                 _count(failures, exc, f"job {job!r} left out this round")
                 jobs_failed += 1
@@ -179,11 +198,17 @@ class Scorer:
         return ok
 
     def _judge(self, job: str) -> Judgement:
-        """Fetch one job and judge it with the core."""
-        snapshot = fetch_job(self.api, job, self.config.selector, self.config.window_s,
-                             self.config.rate_window, self.config.peer_axis)
-        return judge(snapshot, self.config.peer_axis, self.config.l2_findings,
-                     self.config.promql_axes)
+        """Fetch one job (this shard's peer sets of it) and judge it with the core."""
+        config = self.config
+        owns = None
+        if config.split == SPLIT_PEER_SETS and config.shards > 1:
+            def owns(position: int) -> bool:
+                return peer_set_shard(job, position, config.shards) == config.shard
+        snapshot = fetch_job(self.api, job, config.selector, config.window_s,
+                             config.rate_window, config.peer_axis, owns)
+        judgement = judge(snapshot, config.peer_axis, config.l2_findings, config.promql_axes)
+        return restrict(judgement, snapshot, config.peer_axis,
+                        lead=owns is None or owns(0))
 
     def run_forever(self) -> None:
         """Rounds every ``interval_s``; after failures, every 2, then 4 intervals (capped)."""
@@ -256,6 +281,10 @@ class Scorer:
         unscored = GaugeMetricFamily("argus_scorer_unscored_ranks", "Ranks known to a "
                                      "processor that got no score this round (no summaries "
                                      "or too few peers).", labels=["job"])
+        peer_sets = GaugeMetricFamily(
+            "argus_scorer_peer_set_info", "A peer set (the ranks at one position of the peer "
+            "axis) whose kernels this shard scored and whose ranks' results it publishes "
+            "(--split peer-set; value 1).", labels=["job", "axis", "position"])
         for job, judgement in sorted(state.judgements.items()):
             table = judgement.kernels
             rows = zip(table.rank.tolist(), table.kernel.tolist(), table.stream.tolist(),
@@ -280,10 +309,13 @@ class Scorer:
                 scale.add_metric([job, axis, phase], value)
             if judgement.l2_tests:
                 z_family.add_metric([job], judgement.z_family)
-            tests.add_metric([job], judgement.l2_tests)
+            if judgement.lead:
+                tests.add_metric([job], judgement.l2_tests)
             unscored.add_metric([job], len(judgement.unscored))
+            for position in judgement.peer_sets or ():
+                peer_sets.add_metric([job, self.config.peer_axis, str(position)], 1.0)
         yield from (score, straggler, verdict, wait, phases, median, threshold, scale,
-                    z_family, tests, unscored)
+                    z_family, tests, unscored, peer_sets)
 
         def gauge(name: str, doc: str, value: float):
             family = GaugeMetricFamily(name, doc)
@@ -327,9 +359,11 @@ class Scorer:
             "left out (the series is read as not reported).")
         nonfinite.add_metric([], state.nonfinite_samples)
         yield nonfinite
-        shard = GaugeMetricFamily("argus_scorer_shard_info", "This scorer's shard (value 1).",
-                                  labels=["shard", "shards"])
-        shard.add_metric([str(self.config.shard), str(self.config.shards)], 1.0)
+        shard = GaugeMetricFamily("argus_scorer_shard_info", "This scorer's shard and what "
+                                  "the shards split (value 1).",
+                                  labels=["shard", "shards", "split"])
+        shard.add_metric([str(self.config.shard), str(self.config.shards), self.config.split],
+                         1.0)
         yield shard
 
 

@@ -19,6 +19,7 @@ The kernel summaries (millions of series) are decoded straight into columns
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import itemgetter, methodcaller
 
@@ -57,6 +58,8 @@ class JobSnapshot:
     coords: dict[int, tuple[int, ...]] = field(default_factory=dict)  # rank -> AXES coords
     phases: PhaseTable | None = None  # medians over each rank's last steps
     steps_per_s: dict[int, float] = field(default_factory=dict)
+    peer_sets: list[int] | None = None  # positions whose summaries were fetched (None: all)
+    stage_sample: KernelSummary | None = None  # with peer_sets: the stage sample's others
 
     @property
     def known_ranks(self) -> set[int]:
@@ -267,40 +270,85 @@ def concat(parts: list[KernelSummary], names: dict[str, int], window_ns: int) ->
     return KernelSummary(**columns, names=sorted(names, key=names.get), window_ns=window_ns)
 
 
+STAGE_SAMPLE = 32  # ranks of a pipeline stage whose kernels tell what the stage runs
+
+
+def stage_sample(table: PhaseTable | None) -> np.ndarray:
+    """The ranks whose kernel inventory decides each pipeline stage's class
+    (``core_adapter.stage_classes``): the ``STAGE_SAMPLE`` lowest-numbered ranks of each
+    pp stage, so that a scorer holding only some peer sets' summaries can fetch them too."""
+    if table is None or not len(table.ranks):
+        return np.zeros(0, dtype=np.int64)
+    pp = table.coords[:, AXES.index("pp")]
+    return np.concatenate([table.ranks[pp == s][:STAGE_SAMPLE] for s in np.unique(pp)])
+
+
 def fetch_summaries(api: PrometheusAPI, match: str, coords: dict[int, tuple[int, ...]],
-                    peer_axis: str, window_ns: int) -> KernelSummary:
+                    peer_axis: str, window_ns: int, owns: Callable[[int], bool] | None = None,
+                    also: np.ndarray | None = None,
+                    ) -> tuple[KernelSummary, KernelSummary | None, list[int]]:
     """The job's kernel summaries, fetched one peer set at a time (the ranks at one position
     on ``peer_axis``, which the core scores together), so that only one peer set's answer is
-    ever decoded in memory; ranks without an identity come last (peer set 0, as the core)."""
-    positions = sorted({c[AXES.index(peer_axis)] for c in coords.values()})
-    filters = [""]
-    if len(positions) > 1:
-        filters = [f"\nand on (job, rank) argus_rank_info{{{match},{peer_axis}=\"{p}\"}}"
-                   for p in positions]
-        filters.append(f"\nunless on (job, rank) argus_rank_info{{{match}}}")
+    ever decoded in memory; ranks without an identity come last (peer set 0, as the core).
+
+    ``owns(position)``: only the peer sets it is true for (a shard's); then the ranks of
+    ``also`` outside them are fetched too, apart (the stage sample). Returns the summaries,
+    those of the ``also`` ranks (None without ``owns``) and the positions fetched."""
+    axis = AXES.index(peer_axis)
+    positions = sorted({c[axis] for c in coords.values()})
+    if owns is None:
+        fetched, extra = positions, None
+        filters = [""] if len(positions) <= 1 else [
+            *(_peer_set(match, peer_axis, p) for p in positions), _anonymous(match)]
+    else:
+        fetched = [p for p in positions or [0] if owns(p)]
+        if len(positions) <= 1:
+            filters = [""] if fetched else []
+        else:
+            filters = [_peer_set(match, peer_axis, p) for p in fetched]
+            if owns(0):
+                filters.append(_anonymous(match))
+        others = [int(r) for r in ([] if also is None else also.tolist())
+                  if not owns(coords[int(r)][axis] if int(r) in coords else 0)]
+        extra = f'{match},rank=~"{"|".join(map(str, others))}"' if others else None
     names: dict[str, int] = {}
-    parts = []
-    for where in filters:
-        # an answer read as JSON (the fallback) is a dict per series
-        with cycle_collection_paused():
-            executions = api.query_columns(f"argus_kernel_executions{{{match}}}{where}",
-                                           SUMMARY_INTS, ("kernel",), finite_only=False)
-            durations = api.query_columns(f"argus_kernel_duration_seconds{{{match}}}{where}",
-                                          SUMMARY_INTS, SUMMARY_TEXTS, finite_only=False)
-        executions, durations, nonfinite = finite_units(executions, durations)
-        api.nonfinite_samples += nonfinite
-        parts.append(kernel_summary(executions, durations, window_ns, names))
-    return concat(parts, names, window_ns)
+    parts = [_summary_part(api, match, where, window_ns, names) for where in filters]
+    sample = None if extra is None else [_summary_part(api, extra, "", window_ns, names)]
+    return (concat(parts, names, window_ns),
+            None if owns is None else concat(sample or [], names, window_ns), fetched)
+
+
+def _peer_set(match: str, peer_axis: str, position: int) -> str:
+    return f"\nand on (job, rank) argus_rank_info{{{match},{peer_axis}=\"{position}\"}}"
+
+
+def _anonymous(match: str) -> str:
+    return f"\nunless on (job, rank) argus_rank_info{{{match}}}"
+
+
+def _summary_part(api: PrometheusAPI, match: str, where: str, window_ns: int,
+                  names: dict[str, int]) -> KernelSummary:
+    """The summaries of the series ``match`` selects, filtered by ``where``."""
+    # an answer read as JSON (the fallback) is a dict per series
+    with cycle_collection_paused():
+        executions = api.query_columns(f"argus_kernel_executions{{{match}}}{where}",
+                                       SUMMARY_INTS, ("kernel",), finite_only=False)
+        durations = api.query_columns(f"argus_kernel_duration_seconds{{{match}}}{where}",
+                                      SUMMARY_INTS, SUMMARY_TEXTS, finite_only=False)
+    executions, durations, nonfinite = finite_units(executions, durations)
+    api.nonfinite_samples += nonfinite
+    return kernel_summary(executions, durations, window_ns, names)
 
 
 def fetch_job(api: PrometheusAPI, job: str, selector: str, window_s: float,
-              rate_window: str, peer_axis: str = "pp") -> JobSnapshot:
-    """Query everything the scorer needs about ``job``; raises QueryError, or DecodeError
-    for a rank or coordinate label that is not a number."""
+              rate_window: str, peer_axis: str = "pp",
+              owns: Callable[[int], bool] | None = None) -> JobSnapshot:
+    """Query everything the scorer needs about ``job`` (of the kernel summaries, only the
+    peer sets ``owns`` is true for, and the stage sample: ``fetch_summaries``); raises
+    QueryError, or DecodeError for a rank or coordinate label that is not a number."""
     match = f"job={quote_label(job)}" + (f",{selector}" if selector else "")
     info = api.query(f"argus_rank_info{{{match}}}")
     coords = rank_coords(info)
-    summary = fetch_summaries(api, match, coords, peer_axis, int(window_s * 1e9))
     phases = api.query(f'argus_phase_window_seconds{{{match},stat="median"}}')
     walls = api.query(f'argus_step_window_seconds{{{match},stat="median"}}')
     orders = api.query(f"argus_phase_order_info{{{match}}}")
@@ -309,9 +357,12 @@ def fetch_job(api: PrometheusAPI, job: str, selector: str, window_s: float,
     quartiles = api.query(f'argus_phase_window_seconds{{{match},stat=~"p25|p75"}}')
     steps = api.query(f"sum by (rank) (rate(argus_steps_total{{{match}}}[{rate_window}]))")
     (step_rank,), step_rate = label_columns(steps, ("rank",))
+    table = phase_table(phases, walls, orders, minimums, quartiles)
+    summary, sample, peer_sets = fetch_summaries(api, match, coords, peer_axis,
+                                                 int(window_s * 1e9), owns, stage_sample(table))
     return JobSnapshot(
-        job=job, summary=summary, coords=coords,
-        phases=phase_table(phases, walls, orders, minimums, quartiles),
+        job=job, summary=summary, coords=coords, phases=table,
+        peer_sets=None if owns is None else peer_sets, stage_sample=sample,
         steps_per_s=dict(zip(_ints(step_rank, "rank").tolist(), step_rate.tolist(),
                              strict=True)))
 
