@@ -73,6 +73,8 @@ PHASES = {"attention": 0.018, "mlp": 0.030, "backward": 0.087, "optimizer": 0.00
 TOPOLOGY = {10_000: Topology(tp=4, ep=2, pp=5, dp=250)}
 STEP_S = 4.0
 SLOW_RANK = 1234
+# each window statistic of a phase or step over its median (argus_*_window_seconds{stat})
+WINDOW_STATS = {"min": 0.98, "p25": 0.99, "median": 1.0, "p75": 1.01, "max": 1.03}
 
 
 def topology_for(ranks: int) -> Topology:
@@ -138,7 +140,7 @@ class SyntheticCluster:
             seconds = PHASES[phase] * speed * slow
             if name == "argus_phase_seconds_total":
                 return seconds * steps
-            return seconds * {"min": 0.98, "median": 1.0, "max": 1.03}[extra["stat"]]
+            return seconds * WINDOW_STATS[extra["stat"]]
         step = sum(PHASES.values()) * 1.05
         table = {"argus_steps_total": np.full(len(members), steps),
                  "argus_step_seconds_total": step * steps * np.ones(len(members)),
@@ -146,8 +148,7 @@ class SyntheticCluster:
         if name in table:
             return table[name]
         if name == "argus_step_window_seconds":
-            return step * {"min": 0.99, "median": 1.0, "max": 1.02}[extra["stat"]] * \
-                np.ones(len(members))
+            return step * WINDOW_STATS[extra["stat"]] * np.ones(len(members))
         if name == "argus_exporter_probe_up":
             return np.ones(len(members))
         return np.zeros(len(members))  # health counters and gauges of a quiet exporter
