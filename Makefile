@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/argus demo
 
-# Prometheus and Alertmanager from Debian: the tests start them for real.
+# Prometheus, Alertmanager and VictoriaMetrics from Debian: the tests start them for real.
 system-deps:
 	bash scripts/system-deps.sh
 
@@ -43,6 +43,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/decode.py
 	$(BIN)/python bench/parse.py
 	$(BIN)/python bench/rules_scale.py  # needs prometheus (make system-deps)
+	$(BIN)/python bench/scale.py  # prometheus and victoria-metrics (make system-deps)
+	$(BIN)/python bench/cardinality.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
