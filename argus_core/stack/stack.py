@@ -197,7 +197,8 @@ def up(config: StackConfig) -> Stack:
     names = (*COMPONENTS, *engines.components(config.engine))
     addr = {name: f"{host}:{free_port(host)}" for name in names}
     url = {name: f"http://{a}" for name, a in addr.items()}
-    query = url[engines.components(config.engine)[0]]  # the engine's Prometheus query API
+    store = engines.components(config.engine)[0]  # stores, and answers the query API
+    query = url[store]
     stack = Stack(workdir, urls={**url, "prometheus": query,
                                  "alerts": str(workdir / "alerts.ndjson")})
     scale = config.time_scale
@@ -238,9 +239,10 @@ def up(config: StackConfig) -> Stack:
                                       addr["alertmanager"]):
         commands[component.name] = (component.argv, component.ready)
     try:
-        # S3 and its bucket first: the processor is ready only once its store takes files.
-        # Every other component only needs the others' addresses, known already: start them
-        # all, then wait for each.
+        # S3 and its bucket first: the processor is ready only once its store takes files;
+        # likewise the engine's store before the engine's scrapers and ruler. Every other
+        # component only needs the others' addresses, known already: start them all, then
+        # wait for each.
         for name in names:
             argv, ready = commands[name]
             stack.info["ready"][name] = ready
@@ -249,6 +251,8 @@ def up(config: StackConfig) -> Stack:
             if name == "s3":
                 wait_ready(process, ready, timeout=120)
                 _create_bucket(url["s3"], s3_env)
+            elif name == store:  # the scrapers and the ruler write to it from their start
+                wait_ready(process, ready, timeout=120)
         for process in stack.processes:
             wait_ready(process, stack.info["ready"][process.name], timeout=120)
         for job, argv in jobs:
