@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/score.py
 	$(BIN)/python bench/false_alarms.py
 	$(BIN)/python bench/fault_sweep.py
+	$(BIN)/python bench/attribution_sweep.py
 	$(BIN)/python bench/diagnose.py
 	$(BIN)/python bench/exporter_cpu.py
 	$(BIN)/python bench/perfetto_write.py

@@ -7,6 +7,7 @@ batches come back as numpy columns so no per-kernel Python object outlives the d
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -18,6 +19,12 @@ SCHEMA_VERSION = 1
 KINDS = ("rank", "step", "kernels", "stack")
 AXES = ("dp", "tp", "pp", "ep")
 KERNEL_COLUMNS = ("name", "stream", "start_ns", "dur_ns")
+PLACEMENT_TEXT = ("gpu", "pci_bus", "nic", "pcie_switch", "rack", "leaf", "spine")
+"""String keys of a rank record's optional ``placement`` (where the rank runs)."""
+PLACEMENT_INT = ("numa",)
+"""Integer keys of ``placement``."""
+PLACEMENT_KEYS = ("gpu", "pci_bus", "numa", "nic", "pcie_switch", "rack", "leaf", "spine")
+"""Every ``placement`` key, from the GPU out to the network."""
 
 # Bounds: what a real job can produce. Anything beyond is refused naming the field, so no
 # absurd value reaches a window (1e300 seconds or a timestamp near 2**64 used to overflow the
@@ -61,6 +68,7 @@ class RankRecord:
     host: str
     local_rank: int
     coords: tuple[int, int, int, int]  # in AXES order
+    placement: dict[str, str | int] = dataclasses.field(default_factory=dict)  # PLACEMENT_*
 
 
 @dataclass(frozen=True)
@@ -191,6 +199,29 @@ def _coords(rec: dict) -> tuple[int, int, int, int]:
     return tuple(out)  # type: ignore[return-value]
 
 
+def _placement(rec: dict) -> dict[str, str | int]:
+    """The optional ``placement`` object; keys this reader does not know are left out (a newer
+    exporter may add some), known ones are checked and bounded."""
+    placement = rec.get("placement")
+    if placement is None:
+        return {}
+    if not isinstance(placement, dict):
+        raise SchemaError("placement", f"expected an object, got {placement!r:.40}")
+    if len(placement) > MAX_ITEMS:
+        raise SchemaError("placement", f"more than {MAX_ITEMS} keys ({len(placement)})")
+    out: dict[str, str | int] = {}
+    try:
+        for key in PLACEMENT_TEXT:
+            if (value := _str(placement, key, required=False)) is not None:
+                out[key] = value
+        for key in PLACEMENT_INT:
+            if (value := _int(placement, key, maximum=MAX_RANK, required=False)) is not None:
+                out[key] = value
+    except SchemaError as exc:
+        raise SchemaError(f"placement.{exc.field}", exc.message) from None
+    return out
+
+
 def parse_record(rec: Any, *, may_hold_bools: bool = True) -> Record:
     """Validate one decoded JSON value against schema v1 and return its typed form.
 
@@ -219,7 +250,7 @@ def parse_record(rec: Any, *, may_hold_bools: bool = True) -> Record:
             raise SchemaError("rank", f"rank {rank} outside world_size {world_size}")
         return RankRecord(job, rank, world_size, _str(rec, "host", required=False) or "",
                           _int(rec, "local_rank", maximum=MAX_RANK, required=False) or 0,
-                          _coords(rec))
+                          _coords(rec), _placement(rec))
     return _parse_stack(rec, job, rank)
 
 

@@ -30,6 +30,7 @@ _DEFAULT_KERNEL_CALLBACKS = "auto"  # torch's native CUPTI callbacks if torch ha
 _KERNEL_CALLBACKS = ("auto", "torch", "shim")
 _DEFAULT_STACK_PERIOD_S = 30.0
 _DEFAULT_STACK_SPIKE_RATIO = 2.0
+_DEFAULT_PLACEMENT = True  # from the environment; a Settings built in code asks for it
 _MAX_SECONDS = 86_400.0  # periods and timeouts: a day (timers overflow far beyond)
 _MAX_COUNT = 2**62  # counts and sizes: what a deque's maxlen and file offsets can hold
 _MAX_PORT = 65_535
@@ -121,6 +122,10 @@ class Settings:
     stack_period_s: float = _DEFAULT_STACK_PERIOD_S
     stack_spike_ratio: float = _DEFAULT_STACK_SPIKE_RATIO
     otel: bool = True  # phases as spans when the application has a tracer provider
+    # where the rank runs (GPU, NIC, switch, rack: placement.py), found off the training
+    # thread: on from the environment unless ARGUS_PLACEMENT=0; off in a Settings built in
+    # code (tests, benches, the simulator's ranks, all on one host), which ask for it
+    placement: bool = False
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -166,4 +171,5 @@ class Settings:
             stack_spike_ratio=_number(env, "ARGUS_STACK_SPIKE_RATIO", _DEFAULT_STACK_SPIKE_RATIO,
                                       float, 1.0, 1e6),
             otel=_flag(env, "ARGUS_OTEL", True),
+            placement=_flag(env, "ARGUS_PLACEMENT", _DEFAULT_PLACEMENT),
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from argus_exporters.config import ConfigError
 
@@ -29,6 +29,7 @@ class RankIdentity:
     host: str
     coords: dict[str, int]
     coords_given: bool = False  # set by ARGUS_COORDS: never replaced by learned coordinates
+    placement: dict = field(default_factory=dict)  # where it runs (placement.py); {}: unknown
 
     @classmethod
     def from_env(cls, env: dict | None = None) -> RankIdentity:

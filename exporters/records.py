@@ -16,10 +16,13 @@ def encode(record: dict) -> bytes:
 
 
 def rank_record(identity: RankIdentity) -> dict:
-    """The ``rank`` record announcing this rank's identity."""
-    return {"v": 1, "kind": "rank", "job": identity.job, "rank": identity.rank,
-            "world_size": identity.world_size, "host": identity.host,
-            "local_rank": identity.local_rank, "coords": identity.coords}
+    """The ``rank`` record announcing this rank's identity (``placement`` once known)."""
+    record = {"v": 1, "kind": "rank", "job": identity.job, "rank": identity.rank,
+              "world_size": identity.world_size, "host": identity.host,
+              "local_rank": identity.local_rank, "coords": identity.coords}
+    if identity.placement:
+        record["placement"] = dict(identity.placement)
+    return record
 
 
 def step_record(identity: RankIdentity, step: int, t_ns: int, wall_s: float, gpu_s: float,

@@ -25,8 +25,10 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
+from argus_exporters import placement
 from argus_exporters.clock import Clock, default_clock
 from argus_exporters.config import Settings
 from argus_exporters.health import Health
@@ -169,9 +171,11 @@ class Tracer:
     model_instrumented = False  # ``argus run`` found a model to instrument (forward phases)
 
     def __init__(self, settings: Settings, identity: RankIdentity, clock: Clock | None = None,
-                 health: Health | None = None, sink=None, share_marks: bool = True):
+                 health: Health | None = None, sink=None, share_marks: bool = True,
+                 discover: Callable[[RankIdentity], dict] = placement.discover):
         self.settings = settings
         self.identity = identity
+        self._identity_lock = threading.Lock()  # placement and coordinates replace identity
         self.health = health or Health()
         self.clock = clock or default_clock()
         self.shipper = Shipper(sink or create_sink(settings, identity, self.health), self.health,
@@ -203,6 +207,24 @@ class Tracer:
                                           daemon=True)
         self._resolver.start()
         self.emit(rank_record(identity))
+        if settings.placement and not identity.placement:  # found off the training thread
+            threading.Thread(target=self._place, args=(discover,), name="argus-placement",
+                             daemon=True).start()
+
+    def _place(self, discover: Callable[[RankIdentity], dict]) -> None:
+        """Where this rank runs (``placement.discover``), then a new ``rank`` record."""
+        try:
+            found = discover(self.identity)
+        except Exception:  # discover never raises; a stand-in might
+            return
+        if not found:
+            return
+        with self._identity_lock:
+            if self._closed:
+                return
+            self.identity = dataclasses.replace(self.identity, placement=dict(found))
+            self.metrics.identity = self.identity
+            self.emit(rank_record(self.identity))
 
     def _resolve_loop(self) -> None:
         while not self._closed:
@@ -365,11 +387,12 @@ class Tracer:
     def update_coords(self, coords: dict[str, int]) -> None:
         """The rank's coordinates, learned from its process groups: a new ``rank`` record
         and new labels on its metrics."""
-        if coords == self.identity.coords:
-            return
-        self.identity = dataclasses.replace(self.identity, coords=dict(coords))
-        self.metrics.identity = self.identity
-        self.emit(rank_record(self.identity))
+        with self._identity_lock:
+            if coords == self.identity.coords:
+                return
+            self.identity = dataclasses.replace(self.identity, coords=dict(coords))
+            self.metrics.identity = self.identity
+            self.emit(rank_record(self.identity))
 
     @contextlib.contextmanager
     def phase(self, name: str, stream: Any = None):

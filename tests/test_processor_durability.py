@@ -124,7 +124,8 @@ def mixed_bodies(ranks: int = 3) -> list[list[dict]]:
     """Bodies as exporters send them: identities, then per rank kernels over two windows,
     steps and stack samples."""
     identities = [{"v": 1, "kind": "rank", "job": "llm", "rank": r, "world_size": ranks,
-                   "host": f"node-{r}", "local_rank": r, "coords": {"dp": r}}
+                   "host": f"node-{r}", "local_rank": r, "coords": {"dp": r},
+                   "placement": {"nic": f"mlx5_{r}", "leaf": "leaf-0", "numa": r}}
                   for r in range(ranks)]
     bodies = [identities]
     for r in range(ranks):
@@ -239,8 +240,8 @@ def test_a_clean_restart_keeps_the_ranks_identities(tmp_path):
     first.drain(timeout=30)
     second = Processor(config(tmp_path))
     second.recover()
-    assert [(i.rank, i.host) for i in second.windows.identities()] == [
-        (r, f"node-{r}") for r in range(3)]
+    assert [(i.rank, i.host, i.placement) for i in second.windows.identities()] == [
+        (r, f"node-{r}", {"nic": f"mlx5_{r}", "leaf": "leaf-0", "numa": r}) for r in range(3)]
     assert second.ingest(ndjson_gz(kernel_batch(1, T0 + 1000, n=5)), "gzip").status == 200
     second.drain(timeout=30)
     ((_, _, _, process),) = window_contents(open_store(f"file://{tmp_path}/store")).values()
@@ -305,6 +306,9 @@ def test_sigkill_loses_nothing_acknowledged(tmp_path, durability):
     info = {s.labels["rank"]: s.labels["host"]
             for s in get_metrics(port)["argus_rank_info"].samples}
     assert info == {"0": "node-0", "1": "node-1", "2": "node-2"}  # identities came back
+    placed = {s.labels["rank"]: (s.labels["nic"], s.labels["leaf"], s.labels["gpu"])
+              for s in get_metrics(port)["argus_rank_placement_info"].samples}
+    assert placed == {str(r): (f"mlx5_{r}", "leaf-0", "") for r in range(3)}  # with placement
     proc.send_signal(signal.SIGTERM)
     output = proc.communicate(timeout=60)[0].decode()
     assert proc.returncode == 0, output

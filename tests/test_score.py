@@ -66,6 +66,12 @@ def test_a_round_scores_the_slow_rank_and_says_why(prometheus):
     assert min(slow) > 0.5  # twice as slow: about +100% over the healthy reference
     assert {(s["job"], s["rank"], s["cause"]) for s, _ in out["argus_verdict"]} == {
         ("llm-a", str(SLOW_RANK), "compute")}
+    # The one slow rank's own GPU is the suspect (no placement: named by host and rank).
+    assert {(s["job"], s["unit_kind"], s["unit"], s["cause"], v)
+            for s, v in out["argus_suspect"]} == {
+        ("llm-a", "gpu", f"node-0/gpu{SLOW_RANK}", "compute", 1.0)}
+    ((info, _),) = out["argus_suspect_info"]
+    assert (info["ranks"], info["hosts"], info["shared"]) == (str(SLOW_RANK), "node-0", "false")
     # L2 too (the core's, every finding): its mlp against its dp group of 8 ...
     assert {(s["job"], s["rank"], s["phase"], s["axis"], s["kind"])
             for s, _ in out["argus_phase_straggler_ratio"]} == {

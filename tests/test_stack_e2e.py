@@ -152,6 +152,20 @@ def test_compute_straggler_pages_within_the_bound(stack):
     assert latency <= PAGE_BOUND_S
 
 
+def test_the_scorer_names_the_stragglers_own_gpu(stack):
+    """The scorer's suspect for one slow rank is its own GPU (shared="false": it pages
+    through the rank's alerts, not ArgusSuspectUnit); no other unit of that job."""
+    deadline = time.monotonic() + 120
+    while not (found := query(stack, 'argus_suspect{job="compute-straggler"}')):
+        assert time.monotonic() < deadline, "no argus_suspect for the compute straggler"
+        time.sleep(1)
+    assert [(s["metric"]["unit_kind"], s["metric"]["unit"], s["metric"]["cause"])
+            for s in found] == [("gpu", "node-0/gpu5", "compute")]
+    (info,) = query(stack, 'argus_suspect_info{job="compute-straggler"}')
+    assert info["metric"]["shared"] == "false" and info["metric"]["ranks"] == "5"
+    assert not any(labels["alertname"] == "ArgusSuspectUnit" for _, labels in firing(stack))
+
+
 def test_link_degradation_flags_the_degraded_ranks_only(stack):
     wait_for(stack, "ArgusKernelStraggler on the degraded link",
              is_alert("ArgusKernelStraggler", "link-degradation"), timeout=90)

@@ -13,6 +13,7 @@ from argus_core import __version__
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand registered."""
     from argus_core.cli import (
+        act,
         dashboards,
         demo,
         diagnose,
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"argus {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (diagnose, simulate, demo, run, processor, traces, generate, rules, score,
-                   stack, dashboards):
+                   act, stack, dashboards):
         module.register(commands)
     return parser
 

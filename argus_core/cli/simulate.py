@@ -25,7 +25,8 @@ def register(commands) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--job", help="job name (default: the case name, or 'custom' with --fault)")
     p.add_argument("--fault", action="append", default=[], metavar="SPEC",
-                   help="inject a fault (repeatable); replaces the case's faults")
+                   help="inject a fault (repeatable); replaces the case's faults. "
+                        "unit:kind=K:name=N degrades shared hardware (docs/diagnosis.md)")
     p.add_argument("--gzip", action="store_true", help="write .ndjson.gz files")
     p.add_argument("--fault-delay", type=int, default=0, metavar="STEPS",
                    help="start every fault this many steps later (a healthy baseline first)")
@@ -52,14 +53,21 @@ def register(commands) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the subcommand."""
     from argus_core.simulate import CASES, SimConfig, parse_fault, simulate, write_records
+    from argus_core.simulate.placement import Hardware, parse_unit_fault
     from argus_core.topology import Topology
 
     try:
         case = CASES.get(args.case)
         topology = Topology.parse(args.topology) if args.topology else (
             case.topology if case else Topology(dp=8))
-        faults = tuple(parse_fault(f) for f in args.fault) if args.fault else (
-            case.faults if case else ())
+        hardware = case.hardware if case else None
+        units = tuple(parse_unit_fault(f) for f in args.fault if f.startswith("unit:"))
+        if units and hardware is None:
+            hardware = Hardware()
+        ranks = hardware.rank_records(args.job or args.case, topology) if units else {}
+        faults = tuple(parse_fault(f) for f in args.fault if not f.startswith("unit:")) + tuple(
+            f for unit in units for f in unit.faults(ranks)) if args.fault else (
+            case.all_faults(topology) if case else ())
         if args.fault_delay < 0:
             raise ValueError(f"--fault-delay must be >= 0, got {args.fault_delay}")
         faults = tuple(delayed(f, args.fault_delay) for f in faults)
@@ -67,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         default_steps = (1 << 62) if args.live else (case.steps if case else 40)
         config = SimConfig(job=job, topology=topology,
                            steps=args.steps if args.steps is not None else default_steps,
-                           noise=args.noise, faults=faults, seed=args.seed)
+                           noise=args.noise, faults=faults, seed=args.seed, hardware=hardware)
         if args.live == bool(args.out):
             raise ValueError("give --out DIR, or --live (not both)")
     except ValueError as exc:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from argus_core.detect.arrival import collective_times
+from argus_core.detect.attribution import AttributionConfig, Suspect, attribute
 from argus_core.detect.cost import Cost, JobContext, cost_of, steps_from
 from argus_core.detect.host import HostConfig, HostFinding, detect_host
 from argus_core.detect.l1 import L1Config, L1Result, detect_l1
@@ -40,6 +41,7 @@ class DiagnoseConfig:
     l3: L3Config = field(default_factory=L3Config)
     host: HostConfig = field(default_factory=HostConfig)
     verdict: VerdictConfig = field(default_factory=VerdictConfig)
+    attribution: AttributionConfig = field(default_factory=AttributionConfig)
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     window_s: float = DEFAULT_WINDOW_S
     peer_axis: str = "pp"  # L3 compares ranks at the same position on this axis
@@ -87,6 +89,7 @@ class Diagnosis:
     host: list[HostFinding] = field(default_factory=list)
     minor: list[Verdict] = field(default_factory=list)  # found, but costing under the floor
     context: JobContext = field(default_factory=JobContext)
+    suspects: list[Suspect] = field(default_factory=list)  # hardware units the verdicts share
 
     def l2_cost(self, excess_s: float, onset: int | None) -> Cost:
         """The cost of an L2 finding's excess, from its onset (or every judged step) on."""
@@ -112,6 +115,7 @@ class Diagnosis:
                          **_cost_json(v.cost)} for v in self.verdicts],
             "minor": [{"rank": v.rank, "cause": v.cause, "evidence": v.evidence,
                        **_cost_json(v.cost)} for v in self.minor],
+            "suspects": [s.to_json() for s in self.suspects],
         }
 
 
@@ -166,8 +170,12 @@ def diagnose(trace: Trace, config: DiagnoseConfig | None = None) -> Diagnosis:
     minor: list[Verdict] = []
     verdicts = build_verdicts(l1, l2, l3, trace.stacks, matrix.t_ns, host, context,
                               config.verdict, minor)
+    suspects = attribute(trace.ranks, [(v.rank, v.cause) for v in verdicts],
+                         matrix.ranks.tolist(),
+                         {v.rank: v.cost.seconds for v in verdicts if v.cost is not None},
+                         config.attribution)
     return Diagnosis(trace.job, matrix, l1, l2, l3, excused, verdicts, scores, warnings,
-                     len(trace.kernels), host, minor, context)
+                     len(trace.kernels), host, minor, context, suspects)
 
 
 def _kernel_steps(matrix: StepMatrix, calm: np.ndarray, l1: L1Result, l2: L2Result,

@@ -43,7 +43,9 @@ Exactly what a rank is flagged on (the recording rules reproduce this):
    rank that waited longer than its excess is explained by the late peer, not the link.
 5. Whole groups (a slow link shared by the group): per collective phase, the group's median
    log transfer time per step minus the median over the axis's groups; same median over
-   steps, pooled MAD, floor, ratio and z_family. Every member gets the finding.
+   steps, pooled MAD, floor, ratio and z_family. Every member gets the finding, unless a
+   member is flagged on its own in that phase (its slow members raise the group's median:
+   the rest of the group is not slow).
 
 Waiters (at least ``waiter_share`` of their collective spent waiting, median over steps) and
 the late ranks they wait for are reported as roles: the evidence that a slow compute phase,
@@ -255,7 +257,8 @@ def detect_l2(matrix: StepMatrix, coords: np.ndarray, steady: np.ndarray,
             key = (finding.rank, finding.phase)
             if key not in best or best[key].z < finding.z:
                 best[key] = finding
-    result.findings = sorted(best.values(), key=lambda f: (f.rank, -f.z))
+    result.findings = sorted(_explained_groups_dropped(best.values(), matrix, coords),
+                             key=lambda f: (f.rank, -f.z))
     result.roles = _roles(matrix, coords, times, steady, config)
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a rank without steady steps
@@ -431,6 +434,19 @@ def _group_stats(log_t: np.ndarray, gid: np.ndarray, cols: np.ndarray, axis: str
         out.append(_Stats(axis, "link", rank, np.full(len(rank), c), s[g], sigma[g], onset[g],
                           np.ones(len(rank), dtype=bool), tests=int(np.isfinite(s).sum())))
     return out
+
+
+def _explained_groups_dropped(findings, matrix: StepMatrix,
+                              coords: np.ndarray) -> list[PhaseFinding]:
+    """Findings without the whole-group ones whose group has a member flagged on its own in
+    the same phase: its slow members raise the group's median, the rest of it is not slow."""
+    findings = list(findings)
+    row = {int(r): i for i, r in enumerate(matrix.ranks.tolist())}
+    gids = {axis: axis_groups(coords, axis) for axis in {f.axis for f in findings if f.group}}
+    alone = {(f.axis, f.phase, int(gids[f.axis][row[f.rank]])) for f in findings
+             if not f.group and f.axis in gids}
+    return [f for f in findings if not f.group
+            or (f.axis, f.phase, int(gids[f.axis][row[f.rank]])) not in alone]
 
 
 def wait_share(matrix: StepMatrix, times: CollectiveTimes, steady: np.ndarray) -> np.ndarray:

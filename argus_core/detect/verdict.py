@@ -66,13 +66,27 @@ class Verdict:
 
 
 def ranks_text(ranks: Iterable[int]) -> str:
-    """Ranks for a message: sorted, '0, 2 and 3', the first eight, then how many more."""
+    """Ranks for a message: sorted, runs of three or more as '48-63', '0, 2 and 3', the first
+    eight parts, then how many more ranks."""
     ranks = sorted(set(ranks))
-    if len(ranks) > 8:
-        return ", ".join(map(str, ranks[:8])) + f" and {len(ranks) - 8} more"
-    if len(ranks) <= 2:
-        return " and ".join(map(str, ranks))
-    return ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+    parts: list[str] = []
+    counts: list[int] = []
+    start = 0
+    for i in range(1, len(ranks) + 1):
+        if i == len(ranks) or ranks[i] != ranks[i - 1] + 1:
+            run = ranks[start:i]
+            if len(run) >= 3:
+                parts.append(f"{run[0]}-{run[-1]}")
+                counts.append(len(run))
+            else:
+                parts += map(str, run)
+                counts += [1] * len(run)
+            start = i
+    if len(parts) > 8:
+        return ", ".join(parts[:8]) + f" and {sum(counts[8:])} more"
+    if len(parts) <= 2:
+        return " and ".join(parts)
+    return ", ".join(parts[:-1]) + f" and {parts[-1]}"
 
 
 def build_verdicts(l1: L1Result, l2: L2Result, l3: list[KernelFinding],

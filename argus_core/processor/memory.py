@@ -44,4 +44,7 @@ def name_bytes(name: str) -> int:
 
 def rank_bytes(identity: RankRecord | None) -> int:
     """Estimated bytes of one (job, rank)'s state."""
-    return RANK_BYTES + (len(identity.host) + len(identity.job) if identity else 0)
+    if identity is None:
+        return RANK_BYTES
+    return (RANK_BYTES + len(identity.host) + len(identity.job)
+            + sum(len(str(v)) + 64 for v in identity.placement.values()))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from argus_core.processor.core import Processor, concat_summaries
+from argus_core.schema import PLACEMENT_KEYS
 from argus_core.summaries import KernelSummary
 
 
@@ -42,6 +43,14 @@ class ProcessorCollector:
         for ident in p.windows.identities():
             info.add_metric([ident.job, str(ident.rank), ident.host, *map(str, ident.coords)], 1)
         yield info
+        placement = GaugeMetricFamily(
+            "argus_rank_placement_info",
+            "Where each rank runs: local rank and placement (value 1; empty label: unknown).",
+            labels=["job", "rank", "host", "local_rank", *PLACEMENT_KEYS])
+        for ident in p.windows.identities():
+            placement.add_metric([ident.job, str(ident.rank), ident.host, str(ident.local_rank),
+                                  *(str(ident.placement.get(k, "")) for k in PLACEMENT_KEYS)], 1)
+        yield placement
 
         def counter(name, doc, value, labels=None):
             family = CounterMetricFamily(name, doc, labels=list(labels or {}))

@@ -535,7 +535,8 @@ class WindowStore:
             ident = state.identity
             ranks.append([job, rank, state.watermark, state.closed_below,
                           None if ident is None else [ident.world_size, ident.host,
-                                                      ident.local_rank, list(ident.coords)],
+                                                      ident.local_rank, list(ident.coords),
+                                                      ident.placement],
                           sorted(state.closed_ahead)])
         return {"floors": self.floors.snapshot(), "ranks": ranks}
 
@@ -551,9 +552,9 @@ class WindowStore:
             state.closed_ahead |= {i for i in (rest[0] if rest else ())
                                    if i >= state.closed_below}
             if ident is not None:
-                world_size, host, local_rank, coords = ident
+                world_size, host, local_rank, coords, *placement = ident
                 self._identify(state, RankRecord(job, rank, world_size, host, local_rank,
-                                                 tuple(coords)))
+                                                 tuple(coords), *placement))
 
 
 def window_order(records: list[Record], window_ns: int) -> list[Record]:

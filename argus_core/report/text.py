@@ -102,6 +102,10 @@ def render(diagnosis: Diagnosis, console: Console, rejected: int = 0) -> None:
         return
     for v in d.verdicts:
         console.print(f"[bold]rank {v.rank}[/bold]: [magenta]{v.cause}[/magenta]. {v.evidence}")
+    if d.suspects:
+        console.rule("Suspects")
+        for s in d.suspects:
+            console.print(f"[bold]{s.unit_kind} {s.unit}[/bold]: {s.evidence}")
     console.print()
     console.print("[bold]Next[/bold]")
     seen = set()

@@ -1,5 +1,6 @@
 """Alerting rules: L1 (spike, regression, host stall), L2 (straggler rank, degraded link),
-L3 (kernel straggler, from the scorer) and the pipeline's own health.
+L3 (kernel straggler and the hardware unit slow ranks share, from the scorer) and the
+pipeline's own health.
 
 Every alert has ``severity``, ``level``, a static ``summary``, a ``description`` naming the job,
 rank, phase or kernel and the ratio, and a ``runbook_url`` into docs/runbook.md. Per-rank
@@ -164,6 +165,16 @@ def l3_alerts(config: RulesConfig) -> list[dict]:
                "{{ $labels.rank }} in job {{ $labels.job }} costs "
                "{{ $value | humanizePercentage }} more time than on its healthy peers "
                "(W1 over its duration distribution)."),
+        _alert(config, "ArgusSuspectUnit",
+               f"{select('argus_suspect', sel)}\n"
+               "* on (job, unit_kind, unit, cause) group_left (hosts)\n"
+               + select("argus_suspect_info", sel, 'shared="true"'),
+               config.for_kernel, "warning", "L3",
+               "Slow ranks share one piece of hardware that their healthy peers do not.",
+               "{{ $value }} slow ranks of job {{ $labels.job }} ({{ $labels.cause }}) on "
+               "{{ $labels.hosts }} sit under {{ $labels.unit_kind }} {{ $labels.unit }}, and "
+               "the ranks under other units are healthy: suspect that unit "
+               "(argus_suspect_info names the ranks)."),
     ]
 
 

@@ -31,12 +31,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from argus_core.schema import AXES
 from argus_core.score.snapshot import JobSnapshot, PhaseTable
 from argus_exporters.config import Settings
+
+if TYPE_CHECKING:
+    from argus_core.detect.attribution import Suspect
 
 PROMQL_AXES = ("dp", "tp", "ep")
 """Axes whose compute-phase comparisons (groups of three or more) the recording rules make
@@ -110,6 +114,7 @@ class Judgement:
     scales: list[tuple[str, str, float]] = field(default_factory=list)  # (axis, phase, scale)
     peer_sets: list[int] | None = None  # positions on the peer axis judged (None: all)
     lead: bool = True  # publishes the job-wide L2 statistics (one shard of a job does)
+    suspects: list[Suspect] = field(default_factory=list)  # hardware units the verdicts share
 
 
 def judge(snapshot: JobSnapshot, peer_axis: str = "pp",
@@ -121,6 +126,7 @@ def judge(snapshot: JobSnapshot, peer_axis: str = "pp",
     ``promql_axes``, the rules' ``axes``)."""
     if l2_findings not in L2_FINDINGS:
         raise ValueError(f"l2_findings {l2_findings!r}: expected one of {', '.join(L2_FINDINGS)}")
+    from argus_core.detect.attribution import attribute
     from argus_core.detect.diagnose import DiagnoseConfig
     from argus_core.detect.l1 import L1Result
     from argus_core.detect.l2 import L2Result
@@ -144,8 +150,10 @@ def judge(snapshot: JobSnapshot, peer_axis: str = "pp",
     out.unscored = snapshot.known_ranks - set(np.unique(out.kernels.rank).tolist())
     empty = np.zeros(0)
     no_l1 = L1Result(empty.astype(np.int64), empty, empty, empty.astype(bool))
-    out.verdicts = [(v.rank, v.cause) for v in build_verdicts(
-        no_l1, l2, findings, context=_context(snapshot))]
+    verdicts = build_verdicts(no_l1, l2, findings, context=_context(snapshot))
+    out.verdicts = [(v.rank, v.cause) for v in verdicts]
+    out.suspects = attribute(snapshot.identities, out.verdicts, snapshot.known_ranks,
+                             {v.rank: v.cost.seconds for v in verdicts if v.cost is not None})
     return out
 
 
@@ -175,7 +183,7 @@ def restrict(judgement: Judgement, snapshot: JobSnapshot, peer_axis: str,
         l2_tests=judgement.l2_tests if lead else 0,
         z_family=judgement.z_family if lead else float("nan"),
         groups=judgement.groups if lead else [], scales=judgement.scales if lead else [],
-        peer_sets=sorted(owned), lead=lead)
+        peer_sets=sorted(owned), lead=lead, suspects=judgement.suspects if lead else [])
 
 
 def worth_a_page(excess_s: float, context, min_cost_share: float) -> bool:

@@ -42,6 +42,7 @@ import time
 import zlib
 from dataclasses import dataclass, field
 
+from argus_core.detect.verdict import ranks_text
 from argus_core.schema import AXES
 from argus_core.score.core_adapter import (
     L2_FINDINGS,
@@ -285,7 +286,22 @@ class Scorer:
             "argus_scorer_peer_set_info", "A peer set (the ranks at one position of the peer "
             "axis) whose kernels this shard scored and whose ranks' results it publishes "
             "(--split peer-set; value 1).", labels=["job", "axis", "position"])
+        suspect = GaugeMetricFamily(
+            "argus_suspect", "Flagged ranks a hardware unit explains (the smallest unit they "
+            "share and healthy ranks do not; shared=false: one rank's own GPU or NIC).",
+            labels=["job", "unit_kind", "unit", "cause"])
+        suspect_info = GaugeMetricFamily(
+            "argus_suspect_info", "What an alert on argus_suspect says: the unit's flagged "
+            "ranks and hosts, healthy ranks under it, whether it is shared (value 1).",
+            labels=["job", "unit_kind", "unit", "cause", "shared", "ranks", "hosts",
+                    "healthy_under"])
         for job, judgement in sorted(state.judgements.items()):
+            for s in judgement.suspects:
+                key = [job, s.unit_kind, s.unit, s.cause]
+                suspect.add_metric(key, float(len(s.ranks)))
+                suspect_info.add_metric(
+                    [*key, str(s.shared).lower(), ranks_text(s.ranks), _hosts_text(s.hosts),
+                     str(s.healthy)], 1.0)
             table = judgement.kernels
             rows = zip(table.rank.tolist(), table.kernel.tolist(), table.stream.tolist(),
                        table.score.tolist(), table.straggler.tolist(), strict=True)
@@ -315,7 +331,7 @@ class Scorer:
             for position in judgement.peer_sets or ():
                 peer_sets.add_metric([job, self.config.peer_axis, str(position)], 1.0)
         yield from (score, straggler, verdict, wait, phases, median, threshold, scale,
-                    z_family, tests, unscored, peer_sets)
+                    z_family, tests, unscored, peer_sets, suspect, suspect_info)
 
         def gauge(name: str, doc: str, value: float):
             family = GaugeMetricFamily(name, doc)
@@ -365,6 +381,11 @@ class Scorer:
         shard.add_metric([str(self.config.shard), str(self.config.shards), self.config.split],
                          1.0)
         yield shard
+
+
+def _hosts_text(hosts: tuple[str, ...]) -> str:
+    """Hosts for a label value: the first eight, then how many more."""
+    return ", ".join(hosts[:8]) + (f" and {len(hosts) - 8} more" if len(hosts) > 8 else "")
 
 
 def _count(failures: dict[str, int], exc: Exception, what: str) -> None:

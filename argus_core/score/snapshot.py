@@ -26,7 +26,7 @@ from operator import itemgetter, methodcaller
 import numpy as np
 
 from argus_core.gcpause import cycle_collection_paused
-from argus_core.schema import AXES
+from argus_core.schema import AXES, PLACEMENT_TEXT, RankRecord
 from argus_core.score.prometheus import PrometheusAPI, quote_label
 from argus_core.score.vector_columns import DecodeError, VectorColumns, is_int
 from argus_core.stats.grouping import dense_ids
@@ -60,6 +60,7 @@ class JobSnapshot:
     steps_per_s: dict[int, float] = field(default_factory=dict)
     peer_sets: list[int] | None = None  # positions whose summaries were fetched (None: all)
     stage_sample: KernelSummary | None = None  # with peer_sets: the stage sample's others
+    identities: dict[int, RankRecord] = field(default_factory=dict)  # host and placement
 
     @property
     def known_ranks(self) -> set[int]:
@@ -184,6 +185,29 @@ def rank_coords(info: list[dict]) -> dict[int, tuple[int, ...]]:
     coords = [_ints([c or "0" for c in column], axis).tolist()
               for axis, column in zip(AXES, axes, strict=True)]
     return {r: tuple(column[i] for column in coords) for i, r in enumerate(ranks)}
+
+
+def rank_identities(job: str, info: list[dict], placement: list[dict]) -> dict[int, RankRecord]:
+    """rank -> identity (host, local rank, placement) from ``argus_rank_info`` and
+    ``argus_rank_placement_info`` series; what attribution to hardware needs. A rank without
+    a placement series is its own GPU's only rank (local rank = rank)."""
+    coords = rank_coords(info)
+    hosts = {int(s["metric"]["rank"]): s["metric"].get("host", "") for s in info}
+    where: dict[int, tuple[int, dict]] = {}
+    for series in placement:
+        labels = series["metric"]
+        rank = _ints([labels.get("rank", "")], "rank").tolist()[0]
+        local = labels.get("local_rank", "")
+        place = {k: labels[k] for k in PLACEMENT_TEXT if labels.get(k)}
+        if labels.get("numa", "").isdecimal():
+            place["numa"] = int(labels["numa"])
+        where[rank] = (int(local) if local.isdecimal() else rank, place)
+    world = max(coords, default=-1) + 1
+    out = {}
+    for rank, position in coords.items():
+        local, place = where.get(rank, (rank, {}))
+        out[rank] = RankRecord(job, rank, world, hosts.get(rank, ""), local, position, place)
+    return out
 
 
 def phase_table(series: list[dict], walls: list[dict] = (), orders: list[dict] = (),
@@ -349,6 +373,7 @@ def fetch_job(api: PrometheusAPI, job: str, selector: str, window_s: float,
     match = f"job={quote_label(job)}" + (f",{selector}" if selector else "")
     info = api.query(f"argus_rank_info{{{match}}}")
     coords = rank_coords(info)
+    identities = rank_identities(job, info, api.query(f"argus_rank_placement_info{{{match}}}"))
     phases = api.query(f'argus_phase_window_seconds{{{match},stat="median"}}')
     walls = api.query(f'argus_step_window_seconds{{{match},stat="median"}}')
     orders = api.query(f"argus_phase_order_info{{{match}}}")
@@ -363,6 +388,7 @@ def fetch_job(api: PrometheusAPI, job: str, selector: str, window_s: float,
     return JobSnapshot(
         job=job, summary=summary, coords=coords, phases=table,
         peer_sets=None if owns is None else peer_sets, stage_sample=sample,
+        identities=identities,
         steps_per_s=dict(zip(_ints(step_rank, "rank").tolist(), step_rate.tolist(),
                              strict=True)))
 

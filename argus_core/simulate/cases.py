@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from argus_core.simulate.faults import Fault
 from argus_core.simulate.model import SimConfig
+from argus_core.simulate.placement import Hardware, UnitFault
 from argus_core.topology import Topology
 
 
@@ -25,6 +26,7 @@ class Expectation:
     l3_kernel: str = ""  # regex every flagged kernel must match
     verdicts: dict[int, str] = field(default_factory=dict)  # rank -> cause
     evidence: str = ""  # regex the first verdict's evidence must match
+    suspects: tuple[tuple[str, str], ...] | None = None  # (unit_kind, unit); None: not checked
 
     def mismatches(self, diagnosis: dict) -> list[str]:
         """Differences between a ``diagnose --json`` document and this expectation."""
@@ -53,6 +55,10 @@ class Expectation:
             problems.append(f"verdicts {verdicts}, expected {self.verdicts}")
         elif self.evidence and not re.search(self.evidence, diagnosis["verdict"][0]["evidence"]):
             problems.append(f"evidence does not mention {self.evidence!r}")
+        if self.suspects is not None:
+            named = tuple((s["unit_kind"], s["unit"]) for s in diagnosis.get("suspects", ()))
+            if sorted(named) != sorted(self.suspects):
+                problems.append(f"suspects {list(named)}, expected {list(self.suspects)}")
         return problems
 
 
@@ -66,11 +72,22 @@ class Case:
     faults: tuple[Fault, ...]
     expect: Expectation
     steps: int = 40
+    hardware: Hardware | None = None  # where ranks run (None: 8 ranks a host, no placement)
+    unit_faults: tuple[UnitFault, ...] = ()  # faults of shared hardware, on top of ``faults``
+
+    def all_faults(self, topology: Topology | None = None) -> tuple[Fault, ...]:
+        """The per-rank faults, hardware faults expanded onto the ranks under each unit."""
+        if not self.unit_faults:
+            return self.faults
+        hardware = self.hardware or Hardware()
+        ranks = hardware.rank_records(self.name, topology or self.topology)
+        return self.faults + tuple(f for unit in self.unit_faults for f in unit.faults(ranks))
 
     def config(self, seed: int = 0, **overrides) -> SimConfig:
         """The simulator configuration of this case (job named after the case)."""
         values = {"job": self.name, "topology": self.topology, "steps": self.steps,
-                  "faults": self.faults, "seed": seed, **overrides}
+                  "faults": self.all_faults(overrides.get("topology")), "seed": seed,
+                  "hardware": self.hardware, **overrides}
         return SimConfig(**values)
 
 
@@ -107,4 +124,13 @@ CASES: dict[str, Case] = {case.name: case for case in (
                      l3_kernel=r"mlp|gelu", verdicts={6: "compute"},
                      evidence="network is not the cause")),
     Case("healthy", "healthy run (no fault)", Topology(dp=4, tp=2), (), Expectation()),
+    Case("leaf-switch", "leaf switch leaf-1 degraded (64 ranks on 8 hosts under 2 leaves; "
+         "ranks 48-63 under it, cross-host all-reduce x3 from step 10)",
+         Topology(dp=8, tp=8), (),
+         Expectation(regression=10, l2=frozenset((r, "dp-allreduce") for r in range(48, 64)),
+                     l3_ranks=frozenset(range(48, 64)), l3_kernel=r"AllReduce",
+                     verdicts=dict.fromkeys(range(48, 64), "communication"),
+                     suspects=(("leaf", "leaf-1"),)),
+         hardware=Hardware(hosts_per_leaf=(6, 2)),
+         unit_faults=(UnitFault("leaf", "leaf-1", factor=3, start=10),)),
 )}

@@ -94,18 +94,24 @@ def _flag(text: str) -> bool:
     return text == "1"
 
 
-def parse_fault(spec: str) -> Fault:
-    """Parse the text form above; raises ValueError naming the bad part."""
-    kind, *parts = spec.split(":")
-    if kind not in ("compute", "link", "stall", "tail"):
-        raise ValueError(f"fault {spec!r}: kind must be compute, link, stall or tail, "
-                         f"not {kind!r}")
+def spec_fields(spec: str, parts: list[str]) -> dict[str, str]:
+    """The ``key=value`` parts of a fault spec as a dict; raises ValueError naming a bad one."""
     fields: dict[str, str] = {}
     for part in parts:
         key, sep, value = part.partition("=")
         if not sep:
             raise ValueError(f"fault {spec!r}: expected key=value, got {part!r}")
         fields[key] = value
+    return fields
+
+
+def parse_fault(spec: str) -> Fault:
+    """Parse the text form above; raises ValueError naming the bad part."""
+    kind, *parts = spec.split(":")
+    if kind not in ("compute", "link", "stall", "tail"):
+        raise ValueError(f"fault {spec!r}: kind must be compute, link, stall or tail, "
+                         f"not {kind!r}")
+    fields = spec_fields(spec, parts)
     try:
         ranks = _ranks(fields.pop("ranks"))
         if kind == "stall" and "steps" not in fields and "from" not in fields:

@@ -27,6 +27,7 @@ import numpy as np
 from argus_core.schema import AXES, RankRecord, StackRecord, coords_dict
 from argus_core.simulate.faults import Fault
 from argus_core.simulate.noise import NoiseModel
+from argus_core.simulate.placement import Hardware
 from argus_core.topology import Topology, axis_groups
 from argus_core.trace import KernelTable, StepTable, Trace
 
@@ -89,6 +90,7 @@ class SimConfig:
     unequal_stages: bool = False  # first and last pipeline stages do extra work
     kernel_every: int = 1  # kernels recorded in 1 step of N (ARGUS_KERNEL_DUTY)
     step_noise: NoiseModel = field(default_factory=NoiseModel)  # real jobs' step-level noise
+    hardware: Hardware | None = None  # where ranks run (placement); None: 8 ranks a host only
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -199,6 +201,13 @@ class _Job:
 
     def rank_records(self) -> list[dict]:
         """The identity record of every rank."""
+        if self.config.hardware is not None:
+            return [{"v": 1, "kind": "rank", "job": info.job, "rank": info.rank,
+                     "world_size": info.world_size, "host": info.host,
+                     "local_rank": info.local_rank, "coords": coords_dict(info.coords),
+                     "placement": info.placement}
+                    for info in self.config.hardware.rank_records(self.config.job,
+                                                                  self.config.topology).values()]
         return [{"v": 1, "kind": "rank", "job": self.config.job, "rank": rank,
                  "world_size": self.world, "host": f"node-{rank // GPUS_PER_NODE}",
                  "local_rank": rank % GPUS_PER_NODE, "coords": coords_dict(self.coords[rank])}
@@ -264,7 +273,7 @@ def simulate_trace(config: SimConfig) -> Trace:
     job = _Job(config)
     layout = job.layout
     ranks = {r["rank"]: RankRecord(config.job, r["rank"], job.world, r["host"], r["local_rank"],
-                                   tuple(r["coords"][a] for a in AXES))
+                                   tuple(r["coords"][a] for a in AXES), r.get("placement", {}))
              for r in job.rank_records()}
     step_parts, kernel_parts, stacks = [], [], []
     names: list[str] = []

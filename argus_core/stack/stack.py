@@ -284,7 +284,7 @@ def _live_job(case: str, config: StackConfig) -> tuple[str, list[str]]:
             raise StackError(f"--ranks {config.ranks}: case {case} needs a multiple of "
                              f"tp x pp x ep = {others}")
         scaled = Topology(dp=config.ranks // others, tp=topo.tp, pp=topo.pp, ep=topo.ep)
-        worst = max((r for f in CASES[case].faults for r in f.ranks), default=-1)
+        worst = max((r for f in CASES[case].all_faults() for r in f.ranks), default=-1)
         if worst >= scaled.world_size:
             raise StackError(f"--ranks {config.ranks}: case {case} injects a fault on rank "
                              f"{worst}")

@@ -1,4 +1,4 @@
-"""promtool tests of the L3 alert and of the pipeline's own alerts (components down, drops,
+"""promtool tests of the L3 alerts and of the pipeline's own alerts (components down, drops,
 rejections, late records, upload failures)."""
 
 from __future__ import annotations
@@ -38,9 +38,37 @@ def l3_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
         annotations(rule, **{"$labels.kernel": "sm90_gemm", "$labels.stream": "7",
                               "$labels.rank": "5", "$labels.job": "train",
                               "$value | humanizePercentage": "75%"}))
-    return [unit_test(config, "ArgusKernelStraggler: flagged kernels only", series,
-                  alerts=fires(config, "ArgusKernelStraggler", 0, config.for_kernel,
-                                [expected]))]
+    tests = [unit_test(config, "ArgusKernelStraggler: flagged kernels only", series,
+                       alerts=fires(config, "ArgusKernelStraggler", 0, config.for_kernel,
+                                    [expected]))]
+    return [*tests, _suspect_test(config, groups)]
+
+
+def _suspect_test(config: RulesConfig, groups: list[dict]) -> dict:
+    """A leaf switch its 16 slow ranks share pages; one rank's own GPU does not (the rank's
+    own alerts already say it)."""
+    samples = intervals(config, config.for_kernel) + 2
+    scorer = matchers(config.selectors.scorer)
+    series = []
+    for kind, unit, cause, ranks, shared in (
+            ("leaf", "leaf-1", "communication", 16, "true"),
+            ("gpu", "node-0/gpu5", "compute", 1, "false")):
+        key = {**scorer, "job": "train", "unit_kind": kind, "unit": unit, "cause": cause}
+        series.append(Series("argus_suspect", key, [float(ranks)] * samples))
+        series.append(Series("argus_suspect_info", {**key, "shared": shared, "ranks": "48-63",
+                                                    "hosts": "node-6, node-7",
+                                                    "healthy_under": "0"}, [1.0] * samples))
+    rule = rule_named(groups, "ArgusSuspectUnit")
+    expected = expect(
+        alert_labels(config, rule, **scorer, job="train", unit_kind="leaf", unit="leaf-1",
+                      cause="communication", hosts="node-6, node-7"),
+        annotations(rule, **{"$value": "16", "$labels.job": "train",
+                              "$labels.hosts": "node-6, node-7",
+                              "$labels.cause": "communication", "$labels.unit_kind": "leaf",
+                              "$labels.unit": "leaf-1"}))
+    return unit_test(config, "ArgusSuspectUnit: a shared unit pages, one rank's GPU does not",
+                     series, alerts=fires(config, "ArgusSuspectUnit", 0, config.for_kernel,
+                                          [expected]))
 
 
 def down_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
