@@ -49,6 +49,7 @@ import argparse
 import sys
 import tempfile
 import time
+from types import SimpleNamespace
 
 import numpy as np
 from _gpu_env import (
@@ -160,6 +161,7 @@ class _NoOpTracer:
     """Enabled, but every call does nothing: what torch's hooks alone cost."""
 
     enabled = True
+    settings = SimpleNamespace(collectives=False)  # one GPU, no process group: nothing to time
 
     def begin_phase(self, name, stream=None, span=False):
         return None
