@@ -84,6 +84,40 @@ def test_device_start_separates_a_stall_from_finishing_early():
     np.testing.assert_allclose(known.wait[:, 0, 1], 0.0, atol=1e-9)
 
 
+def test_time_most_members_spend_in_no_phase_does_not_make_the_rest_waiters():
+    """Where the device's start is unknown, time in no phase that most of a group spends
+    (ranks 1-3 finished early: an asymmetric transfer, as under a degraded leaf switch) is
+    the group's common time, not a late arrival: rank 0's long collective is transfer. One
+    member's own stall (beyond what most spend) stays a late arrival (the test above)."""
+    comm = np.array([0.03, 0.01, 0.01, 0.01])
+    m = matrix({"mlp": np.full(4, 0.1), "dp-allreduce": comm}, wall=np.full(4, 0.13),
+               gpu=0.1 + comm)
+    times = collective_times(m, Topology(dp=4).coords())
+    np.testing.assert_allclose(times.wait[:, 0, 1], 0.0, atol=1e-9)
+    np.testing.assert_allclose(times.transfer[:, 0, 1], comm)
+
+
+def test_the_scorer_reads_an_asymmetric_transfer_from_window_medians():
+    """The scorer's L2 on window medians (no device time, no device start): two of eight
+    members' all-reduce 3x longer while the other six spend the difference after it (in no
+    phase) is those two's slow transfer, not their waiting; one member's stall before the
+    all-reduce still makes the other seven waiters."""
+    from argus_core.score.core_adapter import judge_phases
+    from argus_core.score.snapshot import PhaseTable
+
+    coords = Topology(dp=8).coords()
+    names = ["mlp", "dp-allreduce"]
+    comm = np.array([0.01] * 6 + [0.03] * 2)
+    values = np.column_stack([np.full(8, 0.1), comm])
+    wall = np.full(8, 0.135)
+    table = PhaseTable(np.arange(8), names, values, coords, wall, minimum=values * [1, 0.97])
+    found = {(f.rank, f.phase, f.kind) for f in judge_phases(table).findings}
+    assert found == {(6, "dp-allreduce", "communication"), (7, "dp-allreduce", "communication")}
+    late = np.array([0.03] * 7 + [0.01])  # rank 7 stalled 0.02 s before the all-reduce
+    values = np.column_stack([np.full(8, 0.1), late])
+    table = PhaseTable(np.arange(8), names, values, coords, wall, minimum=values * [1, 0.97])
+    assert not judge_phases(table).findings
+
 def test_collectives_are_grouped_by_their_axis():
     """tp-comm waits are judged within tp groups only: a late rank in one tp group does not
     make the other group's ranks waiters."""

@@ -26,6 +26,15 @@ The first bound is physics (members of a collective finish together, so time bey
 group's shortest can only be waiting); the second requires a late arriver: time beyond the
 shortest with nobody entering later is the link's, not waiting. A group whose collective is
 long for members that all arrived together is therefore seen as slow transfer.
+
+Where the device's start is not known, ``idle + host_pre`` (time in no phase) may lie before
+the collective (a late arrival) or after the rank's work (it finished early and waited for
+the next step): durations alone cannot tell. The time most of a group spends there (its lower
+median) is then taken as the group's common time, placed alike for every member, and only a
+member's excess over it counts towards its arrival (``beyond_most``): a minority that stalls
+still arrives late by its stall, but a majority with time in no phase no longer makes the few
+members whose collectives are long (an asymmetric transfer: they finish the step last) into
+waiters. Time before the step measured from the device's start is a late arrival as it is.
 """
 
 from __future__ import annotations
@@ -83,6 +92,27 @@ def group_reduce(values: np.ndarray, gid: np.ndarray, ufunc: np.ufunc) -> np.nda
     return out
 
 
+def beyond_most(slack: np.ndarray, gid: np.ndarray) -> np.ndarray:
+    """Each row's ``slack`` (ranks x ...; NaN: not recorded, ignored) beyond its group's lower
+    median of it (the most that at least half the members reach), never below 0; NaN stays.
+
+    Time in no phase that most members of a collective's group spend is the group's common
+    time (host work after the step, or waiting for the next one), not a late arrival: a
+    member can arrive after its peers only by what it spends beyond them. For a pair the
+    lower median is the smaller slack, so one member's stall is still all a late arrival."""
+    order = np.argsort(gid, kind="stable")
+    sorted_gid = gid[order]
+    sizes = np.bincount(sorted_gid)
+    position = np.arange(len(order)) - (np.cumsum(sizes) - sizes)[sorted_gid]
+    padded = np.full((len(sizes), int(sizes.max()), *slack.shape[1:]), np.nan)
+    padded[sorted_gid, position] = slack[order]
+    padded.sort(axis=1)  # NaN last
+    valid = np.sum(~np.isnan(padded), axis=1)
+    lower = np.take_along_axis(padded, (np.maximum(valid - 1, 0) // 2)[:, None], axis=1)[:, 0]
+    with np.errstate(invalid="ignore"):
+        return np.maximum(slack - lower[gid], 0.0)
+
+
 def collective_times(matrix: StepMatrix, coords: np.ndarray,
                      device_start_ns: np.ndarray | None = None) -> CollectiveTimes:
     """Split every collective phase of every rank and step into waiting and transfer.
@@ -107,6 +137,7 @@ def collective_times(matrix: StepMatrix, coords: np.ndarray,
         measured = np.clip((device_start_ns - matrix.host_ns) * 1e-9, 0.0, host)
         measured_pre = np.where(known, measured, np.nan)
         host_pre = np.where(known, measured, host)
+    slack = np.where(np.isnan(matrix.wall), np.nan, idle + host_pre)  # time in no phase
     wait = np.zeros_like(phases)
     comm_cols = []
     for col, name in enumerate(matrix.phase_names):
@@ -119,7 +150,9 @@ def collective_times(matrix: StepMatrix, coords: np.ndarray,
         gid = axis_groups(coords, axis)
         d = phases[:, :, col]
         a_lo = before[:, :, col]
-        last = group_reduce(a_lo + idle + host_pre, gid, np.fmax)[gid]
+        late = np.where(np.isfinite(measured_pre), idle + host_pre,
+                        beyond_most(slack, gid))  # unplaced time: beyond the group's
+        last = group_reduce(a_lo + late, gid, np.fmax)[gid]
         shortest = group_reduce(d, gid, np.fmin)[gid]
         with np.errstate(invalid="ignore"):
             wait[:, :, col] = np.clip(np.minimum(d - shortest, last - a_lo), 0.0, d)

@@ -7,8 +7,9 @@
   z over every statistic of the job). Collective phases are judged on their transfer time,
   the waiting for the last arriver removed (``collective_times``: a rank's arrival at a
   collective is the time of the phases before it, in step order, plus its time in no phase,
-  wall - phases). Pipeline stages are compared only where alike (``stage_classes``: the
-  kernels each stage runs per step, read off the summaries' executions).
+  wall - phases, beyond what most of its group spends there). Pipeline stages are compared
+  only where alike (``stage_classes``: the kernels each stage runs per step, read off the
+  summaries' executions).
 - Every L2 finding worth a page is published (``Judgement.phases``, ``L2_FINDINGS_ALL``):
   one whose excess costs the job at least the verdicts' floor (``min_cost_share`` of the
   slowest rank's median step; ``worth_a_page``), so a collective of microseconds 1.2x its
@@ -247,17 +248,18 @@ def window_waits(times, matrix, coords: np.ndarray, minimum: np.ndarray,
     (most of a collective of a few milliseconds). A rank's shortest time in the window is a
     step in which it waited for nobody: the group's shortest of them is its transfer alone,
     and no rank's transfer exceeds its own shortest. Arrivals are the core's (phases before
-    the collective, plus time in no phase).
+    the collective, plus time in no phase beyond what most of the group spends there:
+    ``beyond_most``).
     """
-    from argus_core.detect.arrival import group_reduce
+    from argus_core.detect.arrival import beyond_most, group_reduce
     from argus_core.taxonomy import is_comm_phase, phase_axis
     from argus_core.topology import axis_groups
 
     phases = matrix.phases
     filled = np.nan_to_num(phases)
     a_lo = np.cumsum(filled, axis=2) - filled
-    wall = np.nan_to_num(matrix.wall)
-    a_hi = a_lo + np.maximum(wall - filled.sum(axis=2), 0.0)[:, :, None]
+    slack = np.where(np.isnan(matrix.wall), np.nan,
+                     np.maximum(np.nan_to_num(matrix.wall) - filled.sum(axis=2), 0.0))
     for col, name in enumerate(matrix.phase_names):
         axis = phase_axis(name)
         if not is_comm_phase(name) or axis is None or len(matrix.ranks) < 2:
@@ -271,7 +273,7 @@ def window_waits(times, matrix, coords: np.ndarray, minimum: np.ndarray,
         share = np.clip((1 - 0.5 ** (1 / k) - 1 / (window_steps + 1))
                         / (0.5 - 1 / (window_steps + 1)), 0.0, 1.0)
         own = low + share * (d - low)
-        last = group_reduce(a_hi[:, :, col], gid, np.fmax)[gid]
+        last = group_reduce(a_lo[:, :, col] + beyond_most(slack, gid), gid, np.fmax)[gid]
         shortest = group_reduce(own, gid, np.fmin)[gid]
         with np.errstate(invalid="ignore"):
             wait = np.clip(np.minimum(d - shortest, last - a_lo[:, :, col]), 0.0, d)
