@@ -161,6 +161,9 @@ def test_amtool_accepts_the_alertmanager_example():
     (["alertname=ArgusProcessorDown", "severity=warning", "level=pipeline",
       "instance=node-3:9700"], "argus-pipeline"),
     (["alertname=Other", "job=llm"], "argus-default"),
+    # argus act plans the drain; the ticket receiver still gets it (continue: true)
+    (["alertname=ArgusSuspectUnit", "severity=warning", "level=L3", "job=llm",
+      "unit_kind=leaf", "unit=leaf-1"], "argus-act,argus-ticket"),
 ])
 def test_routes_by_level_and_severity(labels, receiver):
     result = run_tool("amtool", "config", "routes", "test",

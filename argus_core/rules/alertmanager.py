@@ -1,5 +1,6 @@
 """The Alertmanager example: routes by ``level`` and ``severity``, one group per training job,
-inhibition that cannot hide an incident, webhook receivers.
+inhibition that cannot hide an incident, webhook receivers, and ArgusSuspectUnit also sent
+to ``argus act``.
 
 Inhibition (argued in docs/runbook.md) hides a target only where its source explains it
 by construction (``INHIBITIONS``), and each rule is built so that it cannot hide an incident:
@@ -23,6 +24,8 @@ from argus_core.rules.alerts import LOCATION, alert_groups
 from argus_core.rules.config import RulesConfig, format_duration
 
 RECEIVERS = ("argus-default", "argus-page", "argus-ticket", "argus-pipeline")
+ACT_RECEIVER = "argus-act"  # `argus act`: ArgusSuspectUnit becomes a drain or ticket plan
+ACT_ALERT = "ArgusSuspectUnit"
 SEVERITIES = ("warning", "critical")  # least severe first
 PAGE = "critical"
 
@@ -37,10 +40,16 @@ INHIBITIONS = (
 
 
 def alertmanager_config(config: RulesConfig) -> dict:
-    """alertmanager.yml as a dict; every receiver posts to ``config.webhook_url``."""
-    def webhook(name: str) -> dict:
-        return {"name": name, "webhook_configs": [{"url": config.webhook_url,
-                                                   "send_resolved": True}]}
+    """alertmanager.yml as a dict: every receiver posts to ``config.webhook_url``, and
+    ArgusSuspectUnit also to ``config.act_url`` (when set)."""
+    def webhook(name: str, url: str = config.webhook_url) -> dict:
+        return {"name": name, "webhook_configs": [{"url": url, "send_resolved": True}]}
+
+    # ArgusSuspectUnit also reaches `argus act` (one group per unit, so that each unit's hold
+    # starts with its own alert), then goes on to the routes below like every alert.
+    act = ([{"receiver": ACT_RECEIVER, "matchers": [f'alertname="{ACT_ALERT}"'],
+             "group_by": ["alertname", "job", "unit_kind", "unit"], "continue": True}]
+           if config.act_url else [])
 
     severity = {rule["alert"]: rule["labels"]["severity"]
                 for group in alert_groups(config) for rule in group["rules"]}
@@ -52,6 +61,7 @@ def alertmanager_config(config: RulesConfig) -> dict:
             "group_interval": format_duration(config.group_interval),
             "repeat_interval": format_duration(config.repeat_interval),
             "routes": [
+                *act,
                 {"receiver": "argus-pipeline", "matchers": ['level="pipeline"'],
                  "group_by": ["alertname", "instance"]},
                 {"receiver": "argus-page", "matchers": [f'severity="{PAGE}"']},
@@ -60,7 +70,8 @@ def alertmanager_config(config: RulesConfig) -> dict:
         },
         "inhibit_rules": [inhibit_rule(sources, target, severity)
                           for sources, target in INHIBITIONS],
-        "receivers": [webhook(name) for name in RECEIVERS],
+        "receivers": [webhook(name) for name in RECEIVERS]
+        + ([webhook(ACT_RECEIVER, config.act_url)] if config.act_url else []),
     }
 
 

@@ -52,6 +52,7 @@ LOOKBACK_S = 300.0  # Prometheus's lookback delta: a remote-written series witho
 EXPORTERS_SCRAPE_JOB = "argus-exporters"
 PROCESSOR_SCRAPE_JOB = "argus-processor"
 SCORER_SCRAPE_JOB = "argus-scorer"
+ACT_SCRAPE_JOB = "argus-act"
 """Scrape job names of the exporters, processors and scorers: what the local stack and the
 documented scrape configs call them, and what the ``*_up`` selectors match by default."""
 
@@ -184,6 +185,9 @@ class RulesConfig:
     repeat_interval: float = _duration("Alertmanager repeat_interval", 4 * 3600)
     webhook_url: str = _doc("where the example receivers post (the local stack fills it in)",
                             "http://127.0.0.1:9095/alerts")
+    act_url: str = _doc("where ArgusSuspectUnit also goes: `argus act`'s /webhook, which plans "
+                        "drains and tickets (empty: nowhere; the local stack fills it in)",
+                        "http://127.0.0.1:9810/webhook")
 
     def scaled(self, factor: float) -> RulesConfig:
         """The same rules running ``factor`` times faster: every duration divided by it (but

@@ -17,6 +17,7 @@ from pathlib import Path
 from argus_core.rules.alertmanager import alertmanager_config
 from argus_core.rules.alerts import alert_groups
 from argus_core.rules.config import (
+    ACT_SCRAPE_JOB,
     EXPORTERS_SCRAPE_JOB,
     PROCESSOR_SCRAPE_JOB,
     SCORER_SCRAPE_JOB,
@@ -36,9 +37,11 @@ def _static(job: str, targets: list[str], interval: str, honor: bool = True) -> 
 
 
 def scrape_config(rules: RulesConfig, targets_dir: Path, processor: str, scorer: str,
-                  own: dict[str, list[str]], file_sd_refresh: bool = True) -> dict:
+                  own: dict[str, list[str]], file_sd_refresh: bool = True,
+                  act: str | None = None) -> dict:
     """The scrape jobs of the stack (targets are host:port): Argus's, then ``own`` (scrape job
-    name -> targets: the engine's components and Alertmanager, under their own job names).
+    name -> targets: the engine's components and Alertmanager, under their own job names) and
+    ``argus act`` where given.
     ``file_sd_refresh``: say how often to reread the targets files (Prometheus; vmagent
     refuses the field and takes it as a flag)."""
     interval = format_duration(rules.scrape_interval)
@@ -54,6 +57,7 @@ def scrape_config(rules: RulesConfig, targets_dir: Path, processor: str, scorer:
             exporters,
             _static(PROCESSOR_SCRAPE_JOB, [processor], interval),
             _static(SCORER_SCRAPE_JOB, [scorer], interval),
+            *([_static(ACT_SCRAPE_JOB, [act], interval)] if act else []),
             *(_static(job, targets, interval, honor=False) for job, targets in own.items()),
         ],
     }
@@ -71,9 +75,10 @@ def prometheus_config(scrape: dict, rules: RulesConfig, rule_files: list[str],
 
 def write_configs(directory: Path, rules: RulesConfig, webhook_url: str, processor: str,
                   scorer: str, alertmanager: str, own: dict[str, list[str]],
-                  engine: str) -> dict[str, Path]:
+                  engine: str, act: str) -> dict[str, Path]:
     """Write the rules, the engine's scrape config (prometheus.yml or vmagent.yml) and
-    alertmanager.yml under ``directory``; returns their paths by kind."""
+    alertmanager.yml under ``directory`` (``act``: the host:port of ``argus act``, scraped and
+    sent ArgusSuspectUnit); returns their paths by kind."""
     rules_dir = directory / "rules"
     rules_dir.mkdir(parents=True, exist_ok=True)
     files = {"recording": rules_dir / "argus.rules.yml", "alerting": rules_dir / "argus.alerts.yml"}
@@ -83,7 +88,7 @@ def write_configs(directory: Path, rules: RulesConfig, webhook_url: str, process
     targets.mkdir(exist_ok=True)
     scrape = scrape_config(rules, targets, processor, scorer,
                            {**own, "alertmanager": [alertmanager]},
-                           file_sd_refresh=engine == "prometheus")
+                           file_sd_refresh=engine == "prometheus", act=act)
     if engine == "prometheus":
         files["scrape"] = directory / "prometheus.yml"
         scrape = prometheus_config(scrape, rules, [str(files["recording"]),
@@ -93,6 +98,6 @@ def write_configs(directory: Path, rules: RulesConfig, webhook_url: str, process
     files["scrape"].write_text(to_yaml(scrape))
     files["alertmanager"] = directory / "alertmanager.yml"
     files["alertmanager"].write_text(to_yaml(alertmanager_config(
-        replace(rules, webhook_url=webhook_url))))
+        replace(rules, webhook_url=webhook_url, act_url=f"http://{act}/webhook"))))
     files["targets"] = targets
     return files

@@ -30,7 +30,7 @@ STATE_FILE = "stack.json"
 NOMINAL_STEP_S = 4.0  # a healthy training step in production, as the rules' defaults assume
 LIVE_FAULT_DELAY_STEPS = 40  # live faults start this much later: a healthy baseline first
 BUCKET = "argus-traces"
-COMPONENTS = ("s3", "processor", "webhook", "alertmanager", "scorer")  # then the engine's
+COMPONENTS = ("s3", "processor", "webhook", "alertmanager", "scorer", "act")  # then the engine's
 
 
 @dataclass(frozen=True)
@@ -104,9 +104,12 @@ class Stack:
     @property
     def endpoints(self) -> dict[str, str]:
         """The five URLs of the ``status --json`` contract, plus ``sink`` (the ARGUS_SINK a
-        training job posts its records to) and ``targets`` (the folder of metrics targets)."""
+        training job posts its records to), ``targets`` (the folder of metrics targets) and
+        ``act`` (the dry-run remediation plan: ``/plan``)."""
         out = {name: self.urls[name] for name in
                ("prometheus", "alertmanager", "processor", "scorer", "s3")}
+        if "act" in self.urls:
+            out["act"] = self.urls["act"]
         out["sink"] = self.sink
         out["targets"] = str(self.workdir / "targets")
         return out
@@ -205,7 +208,8 @@ def up(config: StackConfig) -> Stack:
     window_s = 60.0 / scale
     files = write_configs(workdir, rules, f"{url['webhook']}/alerts", addr["processor"],
                           addr["scorer"], addr["alertmanager"],
-                          engines.own_scrape_targets(config.engine, addr), config.engine)
+                          engines.own_scrape_targets(config.engine, addr), config.engine,
+                          addr["act"])
     s3_env = {"AWS_ENDPOINT_URL": url["s3"], "AWS_ACCESS_KEY_ID": "argus",
               "AWS_SECRET_ACCESS_KEY": "argus", "AWS_DEFAULT_REGION": "us-east-1"}
     python = [sys.executable, "-m", "argus_core.cli"]
@@ -234,6 +238,10 @@ def up(config: StackConfig) -> Stack:
                     # the rules' L2 source decides which L2 findings the scorer publishes
                     "--l2-findings", "all" if rules.l2_source == L2_SCORER else "beyond-promql"],
                    url["scorer"] + "/metrics"),
+        # a dry run: the plan for the suspects ArgusSuspectUnit names, on /plan and /metrics
+        "act": ([*python, "act", "--listen", addr["act"], "--prometheus", query,
+                 "--hold", f"{600.0 / scale:g}s", "--budget-window", f"{3600.0 / scale:g}s",
+                 "--audit", str(workdir / "act-audit.ndjson")], url["act"] + "/metrics"),
     }
     for component in engines.commands(config.engine, binary, rules, workdir, addr, files,
                                       addr["alertmanager"]):
