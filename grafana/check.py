@@ -35,6 +35,7 @@ SKIP_REASONS = {
                   "process_*); a backfilled history has none",
     q.EXPORTER: "needs the exporters' metrics in this Prometheus",
     q.PROCESSOR: "needs the processor's metrics in this Prometheus",
+    q.ACT: "needs the remediation planner (`argus act`) scraped by this Prometheus",
 }
 POINTS = 120  # data points per range query (Grafana's maxDataPoints order of magnitude)
 

@@ -14,7 +14,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dm
 
 from argus_core.rules.config import RulesConfig
-from argus_grafana import kernels, overview, pipeline, stragglers
+from argus_grafana import kernels, overview, pipeline, stragglers, suspects
 from argus_grafana.queries import Queries, queries_for
 
 BUILDERS: dict[str, Callable[[Queries | None], dm.Dashboard]] = {
@@ -22,6 +22,7 @@ BUILDERS: dict[str, Callable[[Queries | None], dm.Dashboard]] = {
     stragglers.UID: stragglers.build,
     kernels.UID: kernels.build,
     pipeline.UID: pipeline.build,
+    suspects.UID: suspects.build,
 }
 """Dashboard uid -> builder, in the order docs/dashboards.md lists them."""
 

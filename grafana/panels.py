@@ -253,7 +253,7 @@ def assign_ids(model: dm.Dashboard) -> dm.Dashboard:
 # -- dashboards ------------------------------------------------------------------------------
 TAGS = ["argus", "fail-slow"]
 UIDS = {"overview": "argus-overview", "stragglers": "argus-stragglers",
-        "kernels": "argus-kernels", "pipeline": "argus-pipeline"}
+        "kernels": "argus-kernels", "pipeline": "argus-pipeline", "suspects": "argus-suspects"}
 
 
 def new_dashboard(uid: str, title: str, description: str, extra_tags: list[str],

@@ -15,6 +15,7 @@ Where the names come from:
   training job's.
 - ``rules`` and ``alerts``: ``recording_rules/`` and ``alerting/``.
 - ``scorer``: ``argus score``.
+- ``act``: ``argus act``, the remediation planner ArgusSuspectUnit is routed to.
 - ``prometheus``: series Prometheus writes itself (``up``, ``scrape_*``, ``process_*`` of a
   target).
 
@@ -35,8 +36,8 @@ from argus_core.rules.config import RulesConfig, Selectors, format_duration
 from argus_core.rules.recording import GROUP_STATISTICS, group_statistic
 from argus_exporters.config import Settings
 
-EXPORTER, PROCESSOR, RULES, SCORER, ALERTS, PROMETHEUS = (
-    "exporter", "processor", "rules", "scorer", "alerts", "prometheus")
+EXPORTER, PROCESSOR, RULES, SCORER, ALERTS, PROMETHEUS, ACT = (
+    "exporter", "processor", "rules", "scorer", "alerts", "prometheus", "act")
 
 # -- thresholds that are no rules setting: the core's L3Config and the exporters' defaults --
 L3_MIN_SCORE = L3Config().min_score  # an L3 flag needs at least this much extra kernel time
@@ -64,6 +65,7 @@ METRICS: dict[str, str] = {
     "argus_kernel_duration_seconds": PROCESSOR,
     "argus_kernel_executions": PROCESSOR,
     "argus_rank_info": PROCESSOR,
+    "argus_rank_placement_info": PROCESSOR,
     "argus_processor_records_total": PROCESSOR,
     "argus_processor_kernel_events_total": PROCESSOR,
     "argus_processor_received_bytes_total": PROCESSOR,
@@ -99,6 +101,13 @@ METRICS: dict[str, str] = {
     "argus_scorer_last_success_timestamp_seconds": SCORER,
     "argus_scorer_round_duration_seconds": SCORER,
     "argus_scorer_query_failures_total": SCORER,
+    "argus_suspect": SCORER,
+    "argus_suspect_info": SCORER,
+    "argus_suspect_cost_seconds": SCORER,
+    # the remediation planner (argus act)
+    "argus_act_plan": ACT,
+    "argus_act_decisions_total": ACT,
+    "argus_act_execute": ACT,
     # written by Prometheus for every target
     "up": PROMETHEUS,
     "scrape_duration_seconds": PROMETHEUS,
@@ -274,6 +283,34 @@ def queries_for(config: RulesConfig | None = None) -> Queries:
     # from arrival skew (when each rank entered the collective against the last arriver): the
     # ranks that wait are victims; the one that never waits arrives last.
     q.RANK_WAIT_SECONDS = f"max by (rank) (argus_rank_wait_seconds{{{JOB}}})"
+
+    # Where each rank runs, one series per rank (host and leaf switch from its placement).
+    q._PLACEMENT = (f"max by (job, rank, host, leaf) (argus_rank_placement_info{{{JOB}}})")
+    # The worst compute-phase ratio of the ranks on each host, with the host's leaf switch: a
+    # slow host, or every host of one leaf slow, shows as a block of rows.
+    q.WORST_RATIO_BY_HOST = (f"max by (leaf, host) (max by (job, rank) ({q.PHASE_RATIO})"
+                             f" * on (job, rank) group_left (host, leaf) {q._PLACEMENT})")
+    # Verdicts per host and leaf switch, by cause.
+    q.VERDICTS_BY_HOST = (f"count by (leaf, host, cause) (argus_verdict{{{JOB}}}"
+                          f" * on (job, rank) group_left (host, leaf) {q._PLACEMENT})")
+
+    # -- Suspects: the hardware units that explain the verdicts, and the plan --
+    q.SUSPECT_RANKS = f"argus_suspect{{{JOBS}}}"
+    q.SUSPECT_INFO = f"argus_suspect_info{{{JOBS}}}"
+    q.SUSPECT_COST = f"argus_suspect_cost_seconds{{{JOBS}}}"
+    # What a suspect costs, as a share of the job's step and in GPUs idle-equivalent now (its
+    # cost a step over the iteration time, x the job's ranks).
+    q.SUSPECT_COST_SHARE = (f"{q.SUSPECT_COST} / on (job) group_left"
+                            f" {q.ITERATION_SECONDS}")
+    q.SUSPECT_GPUS_LOST = f"{q.SUSPECT_COST_SHARE} * on (job) group_left {q.RANKS}"
+    # GPU-hours lost to each suspect over the range: its idle-equivalent GPUs every 15 s (240
+    # samples an hour).
+    q.SUSPECT_GPU_HOURS = f"sum_over_time(({q.SUSPECT_GPUS_LOST})[$__range:15s]) / 240"
+    q.SUSPECT_ALERTS = (f'ALERTS{{alertname="ArgusSuspectUnit", alertstate="firing",'
+                        f' {JOBS}}}')
+    q.ACT_PLAN = f"argus_act_plan{{{JOBS}}}"
+    q.ACT_DECISIONS = "sum by (state) (increase(argus_act_decisions_total[$__range]))"
+    q.ACT_EXECUTE = "max(argus_act_execute)"
 
     # -- L3: Kernels --
     q._KERNEL = f'{JOB}, rank=~"$rank", kernel="$kernel"'

@@ -92,6 +92,27 @@ def build(q: Queries | None = None) -> dm.Dashboard:
                                               renameByName={"Value": "ratio"}),
                              p.transformation("sortBy",
                                               sort=[{"field": "ratio", "desc": True}])]))
+        .with_panel(p.table(
+            "Worst ratio by host and leaf switch", "Each host's slowest rank against its "
+            "$axis group (worst compute phase), with the leaf switch above the host: one slow "
+            "host, or every host under one leaf, stands out as a block. Hosts and switches "
+            "come from the ranks' placement (docs/exporters.md).", "x",
+            [p.query(q.WORST_RATIO_BY_HOST, instant=True, table=True)],
+            steps=ratio_steps, colored=True, w=12, h=8,
+            transformations=[p.transformation("organize", excludeByName={"Time": True},
+                                              renameByName={"Value": "worst ratio"}),
+                             p.transformation("sortBy",
+                                              sort=[{"field": "worst ratio", "desc": True}])]))
+        .with_panel(p.table(
+            "Verdicts by host and leaf switch", "The scorer's verdicts counted per host and "
+            "cause: several on one host or one leaf point at the hardware they share (the "
+            "Suspects dashboard names the unit).", "none",
+            [p.query(q.VERDICTS_BY_HOST, instant=True, table=True)], w=12, h=8,
+            links=[p.drilldown("Suspects", p.UIDS["suspects"], "var-job=${job}")],
+            transformations=[p.transformation("organize", excludeByName={"Time": True},
+                                              renameByName={"Value": "verdicts"}),
+                             p.transformation("sortBy",
+                                              sort=[{"field": "verdicts", "desc": True}])]))
         .with_panel(p.timeseries(
             "Host time per step (wall - GPU)", "Per rank, host-side time per step: a rank "
             "stalled on the host (JIT compilation, GC, data loading) rises here while its GPU "

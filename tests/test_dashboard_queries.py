@@ -29,7 +29,7 @@ from argus_grafana.prometheus import api, available
 
 ROOT = Path(__file__).resolve().parent.parent
 MINUTES = 45.0  # the regression's threshold needs about four 10-minute windows
-LIVE_ONLY = {q.ALERTS, q.SCORER, q.PROMETHEUS}  # never in a backfilled history
+LIVE_ONLY = {q.ALERTS, q.SCORER, q.PROMETHEUS, q.ACT}  # never in a backfilled history
 L2_GROUP_RULES = ("axis_group:argus_phase_seconds:median",
                   "axis_group:argus_phase_seconds:threshold",
                   "job_phase:argus_phase_log_ratio:scale")

@@ -57,9 +57,10 @@ def test_cli_needs_out_or_check(capsys):
     assert "--out DIR or --check URL" in capsys.readouterr().err
 
 
-def test_four_dashboards_with_stable_uids_tags_time_refresh(boards):
+def test_five_dashboards_with_stable_uids_tags_time_refresh(boards):
     uids = {board["uid"] for board in boards.values()}
-    assert uids == {"argus-overview", "argus-stragglers", "argus-kernels", "argus-pipeline"}
+    assert uids == {"argus-overview", "argus-stragglers", "argus-kernels", "argus-pipeline",
+                    "argus-suspects"}
     for board in boards.values():
         assert "argus" in board["tags"]
         assert board["time"] == {"from": "now-1h", "to": "now"}
@@ -89,6 +90,7 @@ def test_variables_each_dashboard_declares(boards):
     assert names["argus-kernels"] == ["datasource", "job", "rank", "kernel", "traces",
                                       "argus_read_token"]
     assert names["argus-pipeline"] == ["datasource", "job"]
+    assert names["argus-suspects"] == ["datasource", "job"]
     axis = next(v for v in boards["dashboards/argus-stragglers.json"]["templating"]["list"]
                 if v["name"] == "axis")
     # the axes whose groups the L2 rules record (pipeline stages are the scorer's to compare)

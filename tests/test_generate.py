@@ -98,7 +98,7 @@ def test_the_rules_take_every_changed_setting(changed):
 def test_the_dashboards_take_the_same_settings(changed):
     boards = {p.stem: json.loads(p.read_text())
               for p in (changed / "grafana/dashboards").glob("*.json")}
-    assert len(boards) == 4
+    assert len(boards) == 5
     exprs = [e for board in boards.values() for e in _exprs(board)]
     for source in (queries.EXPORTER, queries.PROCESSOR):
         matchers = [s for e in exprs for s in _selectors_of(e, source)]

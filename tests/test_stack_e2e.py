@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # fault onset -> ArgusStragglerRank at the webhook (README tour, docs/deploying.md; ~50 s measured)
 PAGE_BOUND_S = 90.0
 JOBS = ("compute-straggler", "link-degradation", "jit-stall", "healthy")
+ACT_JOB = "act-e2e"  # the job of the suspects posted to Alertmanager for argus act
 
 
 def argus(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -88,13 +89,13 @@ def is_alert(name: str, job: str):
 
 
 def test_status_prints_the_five_endpoints(stack):
-    """The five URLs of the contract, plus where a real job posts (sink) and the folder of
-    metrics targets."""
+    """The five URLs of the contract, plus where a real job posts (sink), the folder of
+    metrics targets and the remediation planner (act)."""
     result = argus("stack", "status", "--workdir", str(stack.workdir), "--json")
     assert result.returncode == 0, result.stderr
     urls = json.loads(result.stdout)
     assert set(urls) == {"prometheus", "alertmanager", "processor", "scorer", "s3", "sink",
-                         "targets"}
+                         "targets", "act"}
     assert all(urls[k].startswith("http://127.0.0.1:") for k in urls if k != "targets")
     assert urls["sink"] == urls["processor"] + "/v1/records"
     assert Path(urls["targets"]).is_dir()
@@ -111,14 +112,15 @@ def query(stack: Stack, promql: str) -> list[dict]:
 
 
 def test_every_target_is_scraped_exactly_once(stack):
-    """Each target (every live job's exporters, the processor, the scorer, Alertmanager and
-    the engine's own components) has one ``up`` series; on VictoriaMetrics both vmagents
-    scrape some of them and no target is scraped by both."""
+    """Each target (every live job's exporters, the processor, the scorer, argus act,
+    Alertmanager and the engine's own components) has one ``up`` series; on VictoriaMetrics
+    both vmagents scrape some of them and no target is scraped by both."""
     import urllib.request
 
     engine = stack.info["engine"]
     own = engines.own_scrape_targets(engine, dict.fromkeys(engines.components(engine), ""))
-    jobs = {"argus-exporters", "argus-processor", "argus-scorer", "alertmanager", *own}
+    jobs = {"argus-exporters", "argus-processor", "argus-scorer", "argus-act", "alertmanager",
+            *own}
     deadline = time.monotonic() + 30
     while True:
         counts = query(stack, "count by (job, instance) (up)")
@@ -166,6 +168,44 @@ def test_the_scorer_names_the_stragglers_own_gpu(stack):
     assert not any(labels["alertname"] == "ArgusSuspectUnit" for _, labels in firing(stack))
 
 
+def test_alertmanager_brings_suspect_units_to_argus_act(stack):
+    """ArgusSuspectUnit, posted to the stack's Alertmanager as the rules would fire it (for
+    longer than act's hold), reaches `argus act` through the generated routing: the leaf gets
+    a ticket, and the NIC's host is refused: the job has no other node in Prometheus (never a
+    job's last node); both are on act's /plan and /metrics and in its audit log; nothing runs
+    (a dry run)."""
+    import urllib.request
+    from datetime import UTC, datetime, timedelta
+
+    now = datetime.now(UTC)
+    alerts = [{"labels": {"alertname": "ArgusSuspectUnit", "job": ACT_JOB,
+                          "unit_kind": kind, "unit": unit, "cause": "communication",
+                          "hosts": "node-0", "severity": "warning", "level": "L3"},
+               "startsAt": (now - timedelta(minutes=30)).isoformat().replace("+00:00", "Z"),
+               "endsAt": (now + timedelta(minutes=5)).isoformat().replace("+00:00", "Z")}
+              for kind, unit in (("leaf", "leaf-e2e"), ("nic", "node-0/mlx5_e2e"))]
+    request = urllib.request.Request(stack.urls["alertmanager"] + "/api/v2/alerts",
+                                     data=json.dumps(alerts).encode(),
+                                     headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(request, timeout=10).close()
+    want = {"leaf-e2e": "ticket", "node-0/mlx5_e2e": "refused_last_node"}
+    deadline = time.monotonic() + 60
+    while True:
+        with urllib.request.urlopen(stack.urls["act"] + "/plan", timeout=10) as answer:
+            plan = {s["unit"]: s["state"] for s in json.loads(answer.read())}
+        if all(plan.get(unit) == state for unit, state in want.items()):
+            break
+        assert time.monotonic() < deadline, f"act's plan after 60 s: {plan}"
+        time.sleep(0.5)
+    with urllib.request.urlopen(stack.urls["act"] + "/metrics", timeout=10) as answer:
+        metrics = answer.read().decode()
+    assert 'unit="leaf-e2e"' in metrics and 'state="ticket"' in metrics
+    assert "argus_act_execute 0.0" in metrics
+    audit = [json.loads(line) for line in
+             (stack.workdir / "act-audit.ndjson").read_text().splitlines()]
+    assert {(a["unit"], a["state"]) for a in audit} >= set(want.items())
+
+
 def test_link_degradation_flags_the_degraded_ranks_only(stack):
     wait_for(stack, "ArgusKernelStraggler on the degraded link",
              is_alert("ArgusKernelStraggler", "link-degradation"), timeout=90)
@@ -204,9 +244,18 @@ def test_every_dashboard_query_has_data_on_the_live_stack(stack):
         "Processor rejected records [A]": "the processor rejects nothing",
         "Probe states [A]": "simulated jobs run no kernel or stack probe",
         "Regression ratio [B]": "the regression's threshold needs about four recent windows "
-                                "of a job's history, more than this stack has run"}
+                                "of a job's history, more than this stack has run",
+        "ArgusSuspectUnit firing [A]": "the live jobs' suspects are single GPUs, not shared",
+        "The plan (argus act) [A]": "act plans only what ArgusSuspectUnit sends it"}
     scrape_s = StackConfig(stack.workdir).rules.scrape_interval  # the fixture's time scale
     rate = format_duration(4 * scrape_s)  # Grafana's $__rate_interval: 4 scrape intervals
+    # The regression's ratio needs a baseline window of history behind the recent median
+    # (about 80 s of this stack on vmalert, which writes its results back before reading
+    # them): wait until it has been there for 20 s, so the range queries see it too.
+    deadline = time.monotonic() + 180
+    while not query(stack, "job:argus_iteration_regression:ratio offset 20s"):
+        assert time.monotonic() < deadline, "no regression ratio after 180 s"
+        time.sleep(1)
     outcomes: dict[tuple[str, str], list[check.Outcome]] = {}
     for job in JOBS:
         for axis in ("dp", "tp"):
@@ -269,6 +318,7 @@ def _unexpected(stack: Stack, since: float) -> list[tuple]:
         "link-degradation": {"ArgusKernelStraggler", "ArgusIterationRegression"},
         "jit-stall": {"ArgusHostStall", "ArgusIterationSpike"},
         "healthy": set(),
+        ACT_JOB: {"ArgusSuspectUnit"},  # posted by hand
     }
     return sorted({(labels["alertname"], labels.get("job"), labels.get("rank"))
                    for t, labels in firing(stack) if t > since
@@ -313,7 +363,8 @@ def test_the_healthy_job_raised_nothing(stack):
 def test_down_leaves_nothing_running(stack):
     started = Stack.load(stack.workdir).processes
     assert {p.name for p in started} == {"s3", "processor", "webhook", "alertmanager",
-                                         "scorer", *engines.components(stack.info["engine"]),
+                                         "scorer", "act",
+                                         *engines.components(stack.info["engine"]),
                                          *(f"live-{j}" for j in JOBS)}
     assert all(p.running for p in started)
     result = argus("stack", "down", "--workdir", str(stack.workdir))

@@ -295,10 +295,16 @@ class Scorer:
             "ranks and hosts, healthy ranks under it, whether it is shared (value 1).",
             labels=["job", "unit_kind", "unit", "cause", "shared", "ranks", "hosts",
                     "healthy_under"])
+        suspect_cost = GaugeMetricFamily(
+            "argus_suspect_cost_seconds", "What a suspect unit costs the job a step: the "
+            "largest per-step cost of its ranks' verdicts (the step would be this much "
+            "shorter without them).", labels=["job", "unit_kind", "unit", "cause"])
         for job, judgement in sorted(state.judgements.items()):
             for s in judgement.suspects:
                 key = [job, s.unit_kind, s.unit, s.cause]
                 suspect.add_metric(key, float(len(s.ranks)))
+                if s.cost_s is not None:
+                    suspect_cost.add_metric(key, s.cost_s)
                 suspect_info.add_metric(
                     [*key, str(s.shared).lower(), ranks_text(s.ranks), _hosts_text(s.hosts),
                      str(s.healthy)], 1.0)
@@ -331,7 +337,7 @@ class Scorer:
             for position in judgement.peer_sets or ():
                 peer_sets.add_metric([job, self.config.peer_axis, str(position)], 1.0)
         yield from (score, straggler, verdict, wait, phases, median, threshold, scale,
-                    z_family, tests, unscored, peer_sets, suspect, suspect_info)
+                    z_family, tests, unscored, peer_sets, suspect, suspect_info, suspect_cost)
 
         def gauge(name: str, doc: str, value: float):
             family = GaugeMetricFamily(name, doc)
