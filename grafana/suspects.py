@@ -40,7 +40,8 @@ def build(q: Queries | None = None) -> dm.Dashboard:
             column_units={"slow ranks": "none", "cost a step": "s"},
             transformations=[
                 p.transformation("merge"),
-                p.transformation("organize", excludeByName={"Time": True, "Value #A": True},
+                p.transformation("organize", excludeByName={"Time": True, "Value #A": True,
+                                                             "instance": True},
                                  renameByName={"Value #B": "slow ranks",
                                                "Value #C": "cost a step",
                                                "ranks": "which ranks",
@@ -74,7 +75,8 @@ def build(q: Queries | None = None) -> dm.Dashboard:
             "the ticket receiver.", "none",
             [p.query(q.SUSPECT_ALERTS, instant=True, table=True)], w=12,
             transformations=[p.transformation("organize", excludeByName={
-                "Time": True, "Value": True, "__name__": True, "alertstate": True})]))
+                "Time": True, "Value": True, "__name__": True, "alertstate": True,
+                "instance": True})]))
         .with_panel(p.table(
             "The plan (argus act)", "What `argus act` does about each unit: holding (named for "
             "less than its hold), planned (a dry run's drain), executed or failed, "
