@@ -243,6 +243,11 @@ class Bench:
             self.kernels.pause()
             self.kernels.drain()
             self.tracer.force_flush()
+            # Every step's kernels were recorded here with no step ends: keep them out of the
+            # auto duty's next estimate, which counts kernels per traced step (otherwise the
+            # following modes run at 1 step in 256).
+            cycle, stats = self.kernels._cycle, self.kernels.stats
+            cycle._records_at = stats.records + stats.cupti_dropped
             return seconds
         handles = hooks.instrument(model, optimizer, self.tracer)
         parked = mode == "phases_inline"
