@@ -22,6 +22,7 @@ from am_support import Alertmanager
 from promtools import binary
 from support import free_port
 
+from argus_core.act import plan
 from argus_core.act.plan import ActConfig, Planner
 from argus_core.stack.processes import start, wait_ready
 
@@ -160,6 +161,35 @@ def test_bad_input_is_refused_naming_what_is_wrong(tmp_path):
     assert p.plan() == []
     with pytest.raises(ValueError, match="unknown placeholder 'host'"):
         ActConfig(command="kubectl cordon {host}")
+
+
+def test_a_bad_alert_refuses_its_whole_notification(tmp_path):
+    """A label longer than MAX_LABEL is refused by name, and the good alert beside it in the
+    same notification is not taken either (all or nothing)."""
+    p, clock = planner(tmp_path)
+    good = notification(("nic", "node-1/mlx5_0", clock.now, "firing"))["alerts"][0]
+    bad = {**good, "labels": {**good["labels"], "unit": "x" * (plan.MAX_LABEL + 1)}}
+    with pytest.raises(ValueError, match="label 'unit' longer than 256"):
+        p.notify({"alerts": [good, bad]})
+    assert p.plan() == []
+
+
+def test_the_plan_is_bounded_and_forgets_resolved_units_first(tmp_path, monkeypatch):
+    """Past MAX_UNITS a new unit makes room: the longest-resolved unit goes, then the oldest
+    unit not acted on; a unit acted on is never forgotten (its node stays drained)."""
+    monkeypatch.setattr(plan, "MAX_UNITS", 3)
+    p, clock = planner(tmp_path, budget=5)
+    p.notify(notification(("nic", "node-1/a", clock.now, "firing")))
+    clock.now += 600
+    p.notify(notification(("nic", "node-2/a", clock.now - 600, "firing"),
+                          ("nic", "node-3/a", clock.now, "firing")))
+    assert states(p) == {"node-1/a": "planned", "node-2/a": "planned", "node-3/a": "holding"}
+    p.notify(notification(("nic", "node-2/a", clock.now - 600, "resolved")))
+    clock.now += 1
+    p.notify(notification(("nic", "node-4/a", clock.now, "firing")))
+    assert states(p) == {"node-1/a": "planned", "node-3/a": "holding", "node-4/a": "holding"}
+    p.notify(notification(("nic", "node-5/a", clock.now, "firing")))
+    assert states(p) == {"node-1/a": "planned", "node-4/a": "holding", "node-5/a": "holding"}
 
 
 def _act(tmp_path: Path, name: str, *args: str):

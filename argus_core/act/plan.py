@@ -40,6 +40,10 @@ TEMPLATES = {
 PLACEHOLDERS = ("node", "unit", "unit_kind", "job", "cause", "reason")
 STATES = ("holding", "planned", "executed", "failed", "refused_budget", "refused_last_node",
           "ticket", "resolved")
+MAX_UNITS = 10_000
+"""Units the plan holds at most: past it the oldest resolved (then settled) ones are forgotten."""
+MAX_LABEL = 256
+"""Longest job, unit_kind, unit or cause label taken (hosts: 16 times that)."""
 
 
 @dataclass(frozen=True)
@@ -110,9 +114,10 @@ class Planner:
         alerts = payload.get("alerts") if isinstance(payload, dict) else None
         if not isinstance(alerts, list):
             raise ValueError("expected an Alertmanager webhook payload with an 'alerts' list")
+        taken = [parsed for parsed in map(_parse, alerts) if parsed is not None]  # all or none
         with self._lock:
-            for alert in alerts:
-                self._take(alert)
+            for key, started, hosts, resolved in taken:
+                self._take(key, started, hosts, resolved)
             self._decide()
 
     def tick(self) -> None:
@@ -126,26 +131,32 @@ class Planner:
             return [{**asdict(s), "argv": list(s.argv), "hosts": list(s.hosts)}
                     for s in self.steps.values()]
 
-    def _take(self, alert: dict) -> None:
-        labels = alert.get("labels") if isinstance(alert, dict) else None
-        if not isinstance(labels, dict) or labels.get("alertname") != ALERT:
-            return
-        try:
-            key = tuple(str(labels[k]) for k in ("job", "unit_kind", "unit", "cause"))
-        except KeyError as exc:
-            raise ValueError(f"{ALERT} without the label {exc.args[0]!r}") from None
+    def _take(self, key: tuple[str, str, str, str], started: float, hosts: tuple[str, ...],
+              resolved: bool) -> None:
         step = self.steps.get(key)
-        if alert.get("status") == "resolved":
+        if resolved:
             if step is not None and step.state != "resolved":
                 self._move(step, "resolved", "the alert resolved")
             return
-        started = _instant(alert.get("startsAt"))
-        hosts = tuple(h.strip() for h in str(labels.get("hosts", "")).split(",") if h.strip())
         if step is None or step.state == "resolved" or step.started != started:
             if step is not None and step.state in ("planned", "executed"):
                 return  # acted on already: a re-fire does not act twice
+            if step is None and len(self.steps) >= MAX_UNITS:
+                self._forget_one()
             self.steps[key] = Step(*key, hosts=hosts, started=started)
             self._audit(self.steps[key], "holding", "first seen")
+
+    def _forget_one(self) -> None:
+        """Make room for one unit: forget the longest-resolved one, else the oldest unit not
+        acted on (it starts its hold again if its alert comes back); acted-on units stay."""
+        for states in (("resolved",), ("ticket", "failed", "holding", "refused_budget",
+                                       "refused_last_node")):
+            old = [s for s in self.steps.values() if s.state in states]
+            if old:
+                oldest = min(old, key=lambda s: (s.decided or s.started, s.started))
+                del self.steps[oldest.key]
+                return
+        raise ValueError(f"the plan holds {MAX_UNITS} units acted on: none can be forgotten")
 
     def _decide(self) -> None:
         now = self.clock()
@@ -191,6 +202,7 @@ class Planner:
                   "job": step.job, "cause": step.cause, "reason": reason}
         step.argv = tuple(part.format(**values) for part in shlex.split(self.config.command))
         self.drains.append((now, node))
+        del self.drains[:-MAX_UNITS]  # the oldest drains go first (at most a budget an hour)
         if not self.config.execute:
             self._move(step, "planned", "dry run: " + shlex.join(step.argv))
             return
@@ -219,6 +231,29 @@ class Planner:
                 "node": step.node, "argv": list(step.argv), "detail": detail}
         with self.audit.open("a") as f:
             f.write(json.dumps(line) + "\n")
+
+
+def _parse(alert) -> tuple[tuple[str, str, str, str], float, tuple[str, ...], bool] | None:
+    """An ArgusSuspectUnit alert's (key, startsAt, hosts, resolved); None for another alert;
+    ValueError naming what is wrong."""
+    labels = alert.get("labels") if isinstance(alert, dict) else None
+    if not isinstance(labels, dict) or labels.get("alertname") != ALERT:
+        return None
+    key = []
+    for name in ("job", "unit_kind", "unit", "cause"):
+        if name not in labels:
+            raise ValueError(f"{ALERT} without the label {name!r}")
+        value = str(labels[name])
+        if len(value) > MAX_LABEL:
+            raise ValueError(f"{ALERT}: label {name!r} longer than {MAX_LABEL} characters")
+        key.append(value)
+    text = str(labels.get("hosts", ""))
+    if len(text) > 16 * MAX_LABEL:
+        raise ValueError(f"{ALERT}: label 'hosts' longer than {16 * MAX_LABEL} characters")
+    hosts = tuple(h.strip() for h in text.split(",") if h.strip())
+    resolved = alert.get("status") == "resolved"
+    started = 0.0 if resolved else _instant(alert.get("startsAt"))
+    return (key[0], key[1], key[2], key[3]), started, hosts, resolved
 
 
 def _node(step: Step) -> str:
