@@ -202,6 +202,46 @@ def _act(tmp_path: Path, name: str, *args: str):
     return process, f"http://127.0.0.1:{port}"
 
 
+def _raw(url: str, request: bytes, wait_s: float = 30.0) -> bytes:
+    """Send ``request`` as is and read the answer until the server closes."""
+    import socket
+
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=wait_s) as conn:
+        conn.sendall(request)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_the_webhook_refuses_what_it_cannot_bound(tmp_path):
+    """A webhook request without a byte count, with a negative one or with JSON nested past
+    the parser's depth is refused (411, 400, 400); a client that sends half its body and
+    stops is dropped, while other requests are answered meanwhile."""
+    import socket
+
+    process, url = _act(tmp_path, "bounds")
+    try:
+        head = b"POST /webhook HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        assert _raw(url, head + b"\r\n{}").startswith(b"HTTP/1.0 411")
+        assert _raw(url, head + b"Content-Length: -1\r\n\r\n{}").startswith(b"HTTP/1.0 400")
+        deep = b"[" * 100_000 + b"]" * 100_000
+        answer = _raw(url, head + f"Content-Length: {len(deep)}\r\n\r\n".encode() + deep)
+        assert answer.startswith(b"HTTP/1.0 400"), answer[:200]
+        host, port = url.removeprefix("http://").split(":")
+        stalled = socket.create_connection((host, int(port)), timeout=60)
+        stalled.sendall(head + b"Content-Length: 1000\r\n\r\n{\"alerts\": [")
+        assert json.loads(_get(f"{url}/plan")) == []  # served beside the stalled client
+        started = time.monotonic()
+        assert stalled.recv(65536) == b""  # closed, within the socket's 60 s
+        assert time.monotonic() - started < 30
+        stalled.close()
+        assert process.running
+    finally:
+        process.stop()
+
+
 def _get(url: str):
     with urllib.request.urlopen(url, timeout=10) as answer:
         return answer.read().decode()

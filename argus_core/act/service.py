@@ -1,7 +1,8 @@
 """``argus act`` as a service: Alertmanager posts to ``/webhook``, ``/plan`` shows the plan as
 JSON, ``/metrics`` exposes it for Prometheus and the Suspects dashboard.
 
-Bodies are bounded (``MAX_BODY``), a bad one is answered 400 naming what is wrong and changes
+Bodies are bounded (``MAX_BODY``, a Content-Length required), a client that stops sending is
+dropped after ``READ_TIMEOUT_S``, a bad body is answered 400 naming what is wrong and changes
 nothing; a ticker re-evaluates the plan every ``tick_s`` so a hold runs out between
 notifications. With ``--prometheus``, a job's hosts come from ``argus_rank_info`` (so the last
 node of a job is never drained); a query that fails refuses to drain rather than guess.
@@ -18,6 +19,7 @@ from argus_core.act.plan import STATES, Planner
 
 log = logging.getLogger("argus_core.act")
 MAX_BODY = 4 * 1024 * 1024  # an Alertmanager notification of a few hundred alerts
+READ_TIMEOUT_S = 10.0  # longest wait for a client's next bytes
 
 
 class PlanCollector:
@@ -70,17 +72,29 @@ def make_handler(planner: Planner, registry):
     from prometheus_client import generate_latest
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = READ_TIMEOUT_S  # a client that stops sending is dropped, its thread freed
+
         def do_POST(self):
             if self.path.rstrip("/") != "/webhook":
                 self.send_error(404, "POST to /webhook")
                 return
-            length = int(self.headers.get("Content-Length") or 0)
+            text = self.headers.get("Content-Length") or ""
+            if not text.isdecimal():
+                self.send_error(411 if not text else 400,
+                                f"Content-Length: expected a byte count, got {text[:40]!r}")
+                return
+            length = int(text)
             if length > MAX_BODY:
                 self.send_error(413, f"body over {MAX_BODY} bytes")
                 return
             try:
-                planner.notify(json.loads(self.rfile.read(length)))
-            except (ValueError, UnicodeDecodeError) as exc:
+                body = self.rfile.read(length)
+            except TimeoutError:  # the client stopped sending: drop it
+                self.close_connection = True
+                return
+            try:
+                planner.notify(json.loads(body))
+            except (ValueError, UnicodeDecodeError, RecursionError) as exc:
                 self.send_error(400, str(exc)[:300])
                 return
             self._answer(200, b"ok\n", "text/plain")
