@@ -51,8 +51,11 @@ def test_the_degraded_leaf_reaches_alertmanager_named(stack):
     assert (labels["job"], labels["unit_kind"], labels["unit"], labels["cause"]) == (
         JOB, "leaf", "leaf-1", "communication")
     assert labels["hosts"] == "node-6, node-7"
-    (info,) = query(stack, f'argus_suspect_info{{job="{JOB}", shared="true"}}')
-    assert info["metric"]["ranks"] == "48-63"
+    deadline = time.monotonic() + 30  # the alert was on the scorer's series a round ago
+    while not (infos := query(stack, f'argus_suspect_info{{job="{JOB}", shared="true"}}')):
+        assert time.monotonic() < deadline, "argus_suspect_info gone after the alert fired"
+        time.sleep(0.5)
+    assert [i["metric"]["ranks"] for i in infos] == ["48-63"]
     units = {(s["metric"]["unit_kind"], s["metric"]["unit"])
              for s in query(stack, f'argus_suspect{{job="{JOB}"}}')}
     assert units == {("leaf", "leaf-1")}
