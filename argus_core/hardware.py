@@ -12,7 +12,8 @@ from argus_core.schema import RankRecord
 UNIT_KINDS = ("gpu", "nic", "pcie_switch", "host", "rack", "leaf", "spine")
 """Every kind of unit, smallest first."""
 UNIT_WORDS = {"gpu": "GPU", "nic": "NIC", "pcie_switch": "PCIe switch", "host": "host",
-              "rack": "rack", "leaf": "leaf switch", "spine": "spine switch"}
+              "rack": "rack", "leaf": "leaf switch", "spine": "spine switch",
+              "link": "the link"}
 
 
 def rank_units(info: RankRecord) -> dict[str, str]:

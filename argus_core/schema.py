@@ -11,7 +11,7 @@ import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -46,7 +46,12 @@ MAX_TEXT = 4096
 MAX_KERNEL_NAME = 65_536
 """Longest kernel name (characters; demangled C++ templates run to a few KB)."""
 MAX_ITEMS = 4096
-"""Most phases in a step and frames in a stack sample."""
+"""Most phases in a step, (phase, peer) entries in its ``peers``, and frames in a stack
+sample."""
+PEER_SLACK_S = 1e-6
+"""How much a phase's time with one peer may exceed the phase's own (rounding)."""
+MAX_MESSAGES = 2**20
+"""Most messages one step's point-to-point phase may count with one peer."""
 
 
 class SchemaError(ValueError):
@@ -71,6 +76,14 @@ class RankRecord:
     placement: dict[str, str | int] = dataclasses.field(default_factory=dict)  # PLACEMENT_*
 
 
+class PeerTime(NamedTuple):
+    """A point-to-point phase's time with one peer in one step."""
+
+    seconds: float  # the union of its messages' intervals
+    count: int  # messages
+    shortest_s: float  # the shortest message's interval
+
+
 @dataclass(frozen=True)
 class StepRecord:
     """One training step of one rank: host wall time, device time and per-phase device time."""
@@ -83,6 +96,8 @@ class StepRecord:
     gpu_s: float
     phases: dict[str, float]
     gpu_t_ns: int | None = None  # device start on CUPTI's clock (kernels' start_ns); optional
+    peers: dict[str, dict[int, PeerTime]] | None = None  # point-to-point phase -> peer rank
+    # -> its time with that peer (optional: which rank a send or recv exchanged data with)
 
 
 @dataclass(frozen=True)
@@ -274,7 +289,59 @@ def _parse_step(rec: dict, job: str, rank: int) -> StepRecord:
         job, rank, _int(rec, "step", maximum=MAX_STEP), _time_ns(rec, "t_ns"),
         _seconds(rec.get("wall_s"), "wall_s"),
         math.nan if gpu is None else _seconds(gpu, "gpu_s"), clean,
-        _time_ns(rec, "gpu_t_ns", required=False))
+        _time_ns(rec, "gpu_t_ns", required=False), _peers(rec.get("peers"), clean, rank))
+
+
+def _peers(peers: Any, phases: dict[str, float], rank: int,
+           ) -> dict[str, dict[int, PeerTime]] | None:
+    """A step's optional ``peers``: for phases of the step, per peer rank (a decimal string
+    key, never the rank itself) ``{"s": seconds, "n": messages, "min_s": shortest message}``,
+    the seconds within the phase's and the shortest within them."""
+    if peers is None:
+        return None
+    if not isinstance(peers, dict):
+        raise SchemaError("peers", f"expected an object of phase -> {{peer rank: seconds}}, "
+                                   f"got {peers!r:.40}")
+    clean: dict[str, dict[int, float]] = {}
+    entries = 0
+    for phase, by_peer in peers.items():
+        where = f"peers.{phase}"
+        if phase not in phases:
+            raise SchemaError(where, "not a phase of this step")
+        if not isinstance(by_peer, dict):
+            raise SchemaError(where, f"expected an object of peer rank -> {{s, n, min_s}}, "
+                                     f"got {by_peer!r:.40}")
+        entries += len(by_peer)
+        if entries > MAX_ITEMS:
+            raise SchemaError("peers", f"more than {MAX_ITEMS} (phase, peer) entries")
+        out = clean[phase] = {}
+        for key, value in by_peer.items():
+            if not (isinstance(key, str) and key.isdigit() and key.isascii()
+                    and int(key) <= MAX_RANK):
+                raise SchemaError(where, f"peer {key!r:.40} is not a rank (0 to {MAX_RANK})")
+            peer = int(key)
+            if peer == rank:
+                raise SchemaError(f"{where}.{key}", "a rank is not its own peer")
+            out[peer] = _peer_time(value, f"{where}.{key}", phases[phase])
+    return clean or None
+
+
+def _peer_time(value: Any, where: str, phase_s: float) -> PeerTime:
+    if not isinstance(value, dict):
+        raise SchemaError(where, f"expected an object {{s, n, min_s}}, got {value!r:.40}")
+    seconds = _seconds(value.get("s"), f"{where}.s")
+    if seconds > phase_s + PEER_SLACK_S:
+        raise SchemaError(f"{where}.s", f"{seconds} s with this peer exceeds the phase's "
+                                        f"{phase_s} s")
+    try:
+        count = _int(value, "n", minimum=1, maximum=MAX_MESSAGES)
+    except SchemaError as exc:  # named by its whole path
+        raise SchemaError(f"{where}.n", exc.message) from None
+    shortest = _seconds(value.get("min_s"), f"{where}.min_s")
+    if shortest > seconds + PEER_SLACK_S:
+        raise SchemaError(f"{where}.min_s", f"shortest message {shortest} s exceeds the "
+                                            f"{seconds} s of all of them")
+    return PeerTime(seconds, count, shortest)
 
 
 def _int_columns(rec: dict, may_hold_bools: bool = True) -> np.ndarray | None:

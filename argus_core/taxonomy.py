@@ -27,6 +27,11 @@ def phase_axis(name: str) -> str | None:
     return head if sep and head in AXES else None
 
 
+def phase_op(name: str) -> str:
+    """The operation a phase names after its last ``-`` (``pp-send`` -> ``send``)."""
+    return name.rpartition("-")[2]
+
+
 def is_comm_phase(name: str) -> bool:
     """True for communication phases (axis-prefixed or named after a collective)."""
     return (phase_axis(name) is not None or name.rpartition("-")[2] in COLLECTIVE_OPS

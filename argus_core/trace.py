@@ -47,6 +47,31 @@ class SymbolTable:
 
 
 @dataclass
+class PeerTable:
+    """Point-to-point phases' time per peer: one row per (step row, phase, peer).
+
+    ``row`` indexes the StepTable's rows, ``phase`` its ``phase_names``; ``peer`` is the
+    global rank the rank exchanged data with in that phase: ``seconds`` in all, in ``count``
+    messages, the shortest ``shortest_s`` long."""
+
+    row: np.ndarray  # int64
+    phase: np.ndarray  # int64
+    peer: np.ndarray  # int64
+    seconds: np.ndarray  # float64
+    count: np.ndarray  # int64
+    shortest_s: np.ndarray  # float64
+
+    @classmethod
+    def empty(cls) -> PeerTable:
+        """No point-to-point phase named a peer."""
+        ints, floats = np.zeros(0, dtype=np.int64), np.zeros(0)
+        return cls(ints, ints, ints, floats, ints, floats)
+
+    def __len__(self) -> int:
+        return len(self.row)
+
+
+@dataclass
 class StepTable:
     """Steps of all ranks, one row per (rank, step); ``phases`` is rows x phases, NaN = absent.
 
@@ -62,10 +87,13 @@ class StepTable:
     phase_names: list[str]
     phases: np.ndarray
     gpu_t_ns: np.ndarray | None = None  # device start (kernels' clock); NO_GPU_T where absent
+    peers: PeerTable | None = None  # point-to-point phases per peer (empty when none named)
 
     def __post_init__(self) -> None:
         if self.gpu_t_ns is None:
             self.gpu_t_ns = np.full(len(self.rank), NO_GPU_T, dtype=np.int64)
+        if self.peers is None:
+            self.peers = PeerTable.empty()
 
     def __len__(self) -> int:
         return len(self.rank)
@@ -228,7 +256,31 @@ def _steps(rows: list[StepRecord]) -> tuple[StepTable, dict[int, int]]:
         gpu_s=np.array([r.gpu_s for r in rows], dtype=np.float64)[order],
         phase_names=phase_names.names, phases=phases[order],
         gpu_t_ns=np.array([NO_GPU_T if r.gpu_t_ns is None else r.gpu_t_ns for r in rows],
-                          dtype=np.int64)[order]), restarted
+                          dtype=np.int64)[order],
+        peers=_peer_table(rows, order, phase_names)), restarted
+
+
+def _peer_table(rows: list[StepRecord], order: np.ndarray, phase_names: SymbolTable,
+                ) -> PeerTable:
+    """The rows' ``peers`` as columns, indexed by the kept rows' new positions (``order``)."""
+    position = np.full(len(rows), -1, dtype=np.int64)
+    position[order] = np.arange(len(order))
+    row, phase, peer, times = [], [], [], []
+    for i, record in enumerate(rows):
+        if not record.peers or position[i] < 0:
+            continue
+        for name, by_peer in record.peers.items():
+            for other, value in by_peer.items():
+                row.append(position[i])
+                phase.append(phase_names.get(name))
+                peer.append(other)
+                times.append(value)
+    if not row:
+        return PeerTable.empty()
+    seconds, count, shortest = (np.array(c) for c in zip(*times, strict=True))
+    return PeerTable(np.array(row, dtype=np.int64), np.array(phase, dtype=np.int64),
+                     np.array(peer, dtype=np.int64), seconds.astype(np.float64),
+                     count.astype(np.int64), shortest.astype(np.float64))
 
 
 def _phase_order(rows: list[StepRecord]) -> SymbolTable:

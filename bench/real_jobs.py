@@ -8,8 +8,10 @@ one fault injected on one rank (slow forward or backward, sustained or intermitt
 stalls, a slow data loader, a CPU hog on the rank's core, slow forwards on a tenth of the
 steps), and jobs of every parallelism (``tests/scripts/parallel_train.py``: DDP, FSDP2, DTensor
 tensor parallel, a send/recv pipeline, an all-to-all MoE layer) healthy, with a late rank and
-with a slow one. Each spools its records to files and is diagnosed. A case is as expected when
-the verdicts name exactly the faulty rank with its cause (healthy: no verdict at all);
+with a slow one, and a four-stage pipeline with a slow link between two stages (both ends are
+to be named, each with the other as its ``peer``). Each spools its records to files and is
+diagnosed. A case is as expected when the verdicts name exactly the faulty rank with its cause
+(healthy: no verdict at all; a slow link: its two ends, each naming the other as peer);
 ``false_verdicts`` counts verdicts on ranks no fault touched. The machine's own noise (other
 ranks on the same cores, the scheduler, the garbage collector) is what the diagnosis must see
 through. ``--record DIR`` keeps each run's spool as ``DIR/CASE.ndjson.gz`` (the recordings
@@ -54,6 +56,14 @@ class Case:
     zero_code: bool = False  # ``argus run`` instead of the one-line instrument
     script: Path = SCRIPT
     known_limit: str = ""  # why this case is not diagnosed as expected yet (docs/limits.md)
+
+    @property
+    def peers(self) -> dict[int, int]:
+        """The peer each verdict must name: the link's other end (a slow-link case only)."""
+        if self.env.get("ARGUS_TEST_FAULT") != "link":
+            return {}
+        a, b = sorted(self.expected)
+        return {a: b, b: a}
 
 
 def _fault(rank: int, kind: str, seconds: float, **extra: str) -> dict[str, str]:
@@ -116,7 +126,26 @@ def _parallel_cases() -> list[Case]:
     return cases
 
 
-CASES += _parallel_cases()
+def _pipeline_cases() -> list[Case]:
+    """A pipeline of four stages (one rank each, GPipe with four micro-batches): healthy, a
+    late stage, a slow stage, and a slow link between two stages (each send between them
+    delivers its data late) from step 10 or step 30, 5 or 2 ms a send."""
+    base = {"ARGUS_TEST_PARALLEL": "pp4", "ARGUS_TEST_FROM": "10", "ARGUS_TEST_WIDTH": "256"}
+    return [
+        Case("pp4-healthy-4", 4, base, script=PARALLEL_SCRIPT),
+        Case("pp4-late-4", 4, {**base, **_fault(2, "host", 0.02)}, {2: "host"},
+             script=PARALLEL_SCRIPT),
+        Case("pp4-slow-4", 4, {**base, **_fault(1, "compute", 0.02)}, {1: "compute"},
+             script=PARALLEL_SCRIPT),
+        Case("pp4-link-4", 4, {**base, **_fault(1, "link", 0.005)},
+             {1: "communication", 2: "communication"}, script=PARALLEL_SCRIPT),
+        Case("pp4-link-4-late", 4, {**base, **_fault(0, "link", 0.002),
+                                    "ARGUS_TEST_FROM": "30"},
+             {0: "communication", 1: "communication"}, script=PARALLEL_SCRIPT),
+    ]
+
+
+CASES += _parallel_cases() + _pipeline_cases()
 STEPS = 60
 WIDTH = 1024  # ~20 ms steps on one core
 
@@ -153,8 +182,10 @@ def judge(case: Case, spool: Path) -> dict:
     trace = load_traces([spool]).traces[case.name]
     doc = diagnose(trace).to_json()
     found = {v["rank"]: v["cause"] for v in doc["verdict"]}
+    peers = {v["rank"]: v["peer"] for v in doc["verdict"] if "peer" in v}
     false = sorted(r for r in found if r not in case.expected)
-    return {"case": case.name, "as_expected": found == case.expected, "verdicts": found,
+    return {"case": case.name, "as_expected": found == case.expected and peers == case.peers,
+            "verdicts": found,
             "false_ranks": false, "evidence": [v["evidence"] for v in doc["verdict"]]}
 
 

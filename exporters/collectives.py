@@ -10,6 +10,10 @@ Python, in whichever spelling the installed torch has (2.4 to 2.13):
 - the functional collectives DTensor's tensor parallelism calls (``funcol.all_reduce``...),
   which last from their issue to the end of ``wait_tensor``.
 
+A send or recv also names its peer (the global rank it exchanges data with), so that the
+step record holds its time per peer and a slow link between two pipeline stages can be told
+from the stages waiting for each other.
+
 Each interval is recorded on the stream it was issued on (CUDA events on the current stream;
 the host clock on CPU), so arrival skew is measured as for DDP's all-reduce. The time the
 rank was blocked in the wait is also taken out of any phase it fell inside (FSDP's all-gather
@@ -38,7 +42,7 @@ from typing import Any
 
 from argus_exporters.identity import AXES
 from argus_exporters.imports import after_import
-from argus_exporters.tracer import Tracer
+from argus_exporters.tracer import NO_PEER, Tracer
 
 logger = logging.getLogger("argus_exporters")
 
@@ -67,6 +71,8 @@ FUNCOL_FUNCTIONS = {
 MESH_AXES = {"dp": "dp", "dp_shard": "dp", "dp_replicate": "dp", "fsdp": "dp", "ddp": "dp",
              "hsdp": "dp", "tp": "tp", "pp": "pp", "ep": "ep"}
 OPS = frozenset(PG_METHODS.values())
+POINT_TO_POINT = frozenset({"send", "recv"})  # methods whose second argument is the peer
+# (its rank in the group); ``recv_anysource`` has none
 _INHERITED = object()  # a patched attribute the owner did not define itself
 MAX_PENDING = 4096  # issued collectives awaiting their wait; older ones are dropped, counted
 
@@ -93,6 +99,8 @@ class Collectives:
         self._names: dict[int, tuple[Callable[[], Any], dict[str, str]]] = {}
         self._axis_of: dict[int, tuple[Callable[[], Any], str]] = {}
         self._learned: dict[str, int] = {}  # axis -> this rank's coordinate on it
+        # (id(group), rank in it) -> (weak reference to the group, its global rank)
+        self._global: dict[tuple[int, int], tuple[Callable[[], Any], int]] = {}
         self.works: dict[int, Any] = {}  # id(work) -> PhaseToken of its collective
         self.tensors: dict[int, Any] = {}  # result's storage address -> PhaseToken (funcol)
         self._lock = threading.Lock()
@@ -118,6 +126,27 @@ class Collectives:
         names = {op: f"{axis}-{op}" for op in OPS}
         self._names[id(group)] = (_held_weakly(group), names)
         return names
+
+    def peer(self, group: Any, group_rank: Any) -> int:
+        """The global rank of ``group``'s rank ``group_rank`` (cached per group; NO_PEER
+        when it cannot be told)."""
+        try:
+            key = (id(group), int(group_rank))
+        except (TypeError, ValueError):
+            return NO_PEER
+        entry = self._global.get(key)
+        if entry is not None and entry[0]() is group:
+            return entry[1]
+        try:
+            import torch.distributed as dist
+
+            found = int(dist.get_global_rank(group, key[1]))
+        except Exception:  # not a registered group (a bare ProcessGroup): its own ranks
+            found = key[1] if key[1] >= 0 else NO_PEER
+        if len(self._global) >= MAX_PENDING:
+            self._global.clear()
+        self._global[key] = (_held_weakly(group), found)
+        return found
 
     def _name_group(self, group: Any, axis: str) -> None:
         self._axis_of[id(group)] = (_held_weakly(group), axis)
@@ -263,7 +292,8 @@ def _patch_process_group(state: Collectives) -> None:
         original = getattr(ProcessGroup, method, None)
         if original is None or getattr(original, "_argus", False):
             continue
-        state.patch(ProcessGroup, method, _timed_method(state, original, op))
+        state.patch(ProcessGroup, method, _timed_method(state, original, op,
+                                                        method in POINT_TO_POINT))
     wait = Work.wait
     tracer, works = state.tracer, state.works
 
@@ -281,7 +311,8 @@ def _patch_process_group(state: Collectives) -> None:
         state.patch(Work, "wait", timed_wait)
 
 
-def _timed_method(state: Collectives, original: Any, op: str) -> Any:
+def _timed_method(state: Collectives, original: Any, op: str,
+                  point_to_point: bool = False) -> Any:
     import torch
 
     compiling = torch.compiler.is_compiling
@@ -290,7 +321,13 @@ def _timed_method(state: Collectives, original: Any, op: str) -> Any:
     def timed(group, *args, **kwargs):
         if state.muted or compiling():
             return original(group, *args, **kwargs)
-        token = tracer.begin_phase(state.names(group)[op], collective=True)
+        if point_to_point:
+            group_rank = args[1] if len(args) > 1 else kwargs.get(
+                "dstRank", kwargs.get("srcRank"))
+            peer = state.peer(group, group_rank)
+        else:
+            peer = NO_PEER
+        token = tracer.begin_phase(state.names(group)[op], collective=True, peer=peer)
         work = original(group, *args, **kwargs)
         if token is not None:
             if work is None:

@@ -26,17 +26,24 @@ def rank_record(identity: RankIdentity) -> dict:
 
 
 def step_record(identity: RankIdentity, step: int, t_ns: int, wall_s: float, gpu_s: float,
-                phases: dict[str, float], gpu_t_ns: int | None = None) -> dict:
+                phases: dict[str, float], gpu_t_ns: int | None = None,
+                peers: dict[str, dict[int, tuple[float, int, float]]] | None = None) -> dict:
     """One ``step`` record: host wall time, device time and per-phase device time.
 
     ``t_ns`` is host CLOCK_REALTIME at the step's start; ``gpu_t_ns`` (device marks only) is
-    when its work started on the device, on CUPTI's clock like kernels' ``start_ns``.
+    when its work started on the device, on CUPTI's clock like kernels' ``start_ns``;
+    ``peers`` each point-to-point phase's (seconds, messages, shortest message's seconds)
+    per peer rank.
     """
     record = {"v": 1, "kind": "step", "job": identity.job, "rank": identity.rank, "step": step,
               "t_ns": t_ns, "wall_s": round(wall_s, 9), "gpu_s": round(gpu_s, 9),
               "phases": {k: round(v, 9) for k, v in phases.items()}}
     if gpu_t_ns is not None:
         record["gpu_t_ns"] = int(gpu_t_ns)
+    if peers:
+        record["peers"] = {phase: {str(peer): {"s": round(s, 9), "n": n, "min_s": round(m, 9)}
+                                   for peer, (s, n, m) in by.items()}
+                           for phase, by in peers.items()}
     return record
 
 

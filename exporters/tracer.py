@@ -44,8 +44,9 @@ MAX_INTERVALS_PER_STEP = 1 << 16  # phase intervals kept for one step; more are 
 PLAIN, SPAN, COLLECTIVE = 0, 1, 2  # how a phase's intervals combine
 NO_MARK = -1
 # one phase interval: STRIDE cells of ``_Step.cells``, at these offsets from its base
-NAME, START, END, KIND, WAITED, KEY, ARG = range(7)
-STRIDE = 7
+NAME, START, END, KIND, WAITED, KEY, ARG, PEER = range(8)
+STRIDE = 8
+NO_PEER = -1
 SLOT_BITS = 20  # a token is (step index << SLOT_BITS) | base of its cells
 SLOT_MASK = (1 << SLOT_BITS) - 1
 FULL = SLOT_MASK  # the base of a token whose step had no room left
@@ -64,7 +65,8 @@ class _Step:
     start). Each phase interval is STRIDE cells of ``cells``: its name, the indices in
     ``marks`` of its START and END (NO_MARK until it ends), its KIND (PLAIN, SPAN,
     COLLECTIVE), WAITED (the mark where a collective's wait began; NO_MARK: from its start),
-    the KEY of its start's stream and the stream ARG it was given (None: the current one). A
+    the KEY of its start's stream, the stream ARG it was given (None: the current one) and
+    the PEER a point-to-point collective exchanges data with (its global rank; NO_PEER). A
     span phase has one interval per step (``spans``): its later parts move its end. ``last``
     maps a stream key to its newest mark on a device clock: ``i`` a phase start, ``-i - 1`` a
     phase end, which the next start on that stream shares. ``end`` is the closing mark.
@@ -110,7 +112,7 @@ class NoOpTracer:
     enabled = False
 
     def begin_phase(self, name: str, stream: Any = None, span: bool = False,
-                    collective: bool = False) -> None:
+                    collective: bool = False, peer: int = -1) -> None:
         """Nothing."""
 
     def end_phase(self, token: Any, stream: Any = None) -> None:
@@ -242,15 +244,17 @@ class Tracer:
 
     # -- the training-thread API -------------------------------------------------------
     def begin_phase(self, name: str, stream: Any = None, span: bool = False,
-                    collective: bool = False) -> PhaseToken | None:
+                    collective: bool = False, peer: int = NO_PEER) -> PhaseToken | None:
         """Mark the start of a phase on ``stream`` (device clocks) or now (host clock).
 
         A phase begun several times in a step adds up its intervals; with ``span`` (parts
         that overlap, like a DDP step's gradient buckets, each queued behind the previous
         one) it lasts from the first part's start to the last part's end instead. A
-        ``collective`` (ended with ``end_collective``) lasts the union of its intervals.
-        On a device clock a start right after a phase's end on the same stream shares its
-        event: work issued between two phases counts in the later one.
+        ``collective`` (ended with ``end_collective``) lasts the union of its intervals;
+        a point-to-point one names its ``peer`` (global rank), and the step record also holds
+        its time, message count and shortest message per peer. On a device clock a start
+        right after a phase's end on the same stream shares its event: work issued between
+        two phases counts in the later one.
         """
         if self._off:  # closed, or a forked worker: never trace there
             return None
@@ -281,11 +285,12 @@ class Tracer:
                     step.last[key] = start
                 base = len(cells)
                 if collective:
-                    cells.extend((name, start, NO_MARK, COLLECTIVE, NO_MARK, key, stream))
+                    cells.extend((name, start, NO_MARK, COLLECTIVE, NO_MARK, key, stream,
+                                  peer))
                     step.collectives += 1
                 else:
                     cells.extend((name, start, NO_MARK, SPAN if span else PLAIN, NO_MARK, key,
-                                  stream))
+                                  stream, NO_PEER))
                     if span:
                         step.spans[name] = base
                 token = (step.index << SLOT_BITS) | base
@@ -506,21 +511,23 @@ class Tracer:
     def _resolve(self, step: _Step) -> None:
         spans = self.spans is not None and self.spans.active()
         times = _offsets(self.clock, step.marks)
-        phases, offsets = self._phase_times(step, times, spans)
+        phases, offsets, peers = self._phase_times(step, times, spans)
         gpu_s = max(times[step.end], 0.0)
         if self.settings.phases:
             epoch = self.clock.epoch_ns(step.marks[0]) if self._device else None
             self.emit(step_record(self.identity, step.index, step.t_ns, step.wall_s, gpu_s,
-                                  phases, epoch))
+                                  phases, epoch, peers))
         self.metrics.observe(step.wall_s, gpu_s, phases)
         if spans:
             self.spans.emit(step.index, step.t_ns, step.wall_s, step.first_epoch_ns, offsets)
         self._recycle(step)
 
     def _phase_times(self, step: _Step, times: list[float], spans: bool = True,
-                     ) -> tuple[dict[str, float], list[tuple[str, float, float]]]:
-        """Seconds per phase name, in the order the phases started, and (with ``spans``)
-        each interval's (name, start offset, duration) for spans; ``times`` holds each mark's
+                     ) -> tuple[dict[str, float], list[tuple[str, float, float]],
+                                dict[str, dict[int, tuple[float, int, float]]]]:
+        """Seconds per phase name, in the order the phases started, (with ``spans``) each
+        interval's (name, start offset, duration) for spans, and each point-to-point phase's
+        (seconds, messages, shortest message's seconds) per peer; ``times`` holds each mark's
         seconds from the step's first mark.
 
         Intervals of one name add up, except span phases (a DDP step's buckets), which last
@@ -528,11 +535,13 @@ class Tracer:
         behind the earlier ones: summing them could exceed the step itself), and collectives,
         which last the union of their intervals. The time a rank waited for a collective is
         taken out of the phases (``forward``, not ``{axis}-{op}`` ones) it fell inside on the
-        same stream: they count their own work only.
+        same stream: they count their own work only. A point-to-point phase's time with a
+        peer is the union of its intervals with that peer (each one message).
         """
         first: dict[str, float] = {}
         total: dict[str, float] = {}
         offsets: list[tuple[str, float, float]] = []
+        peers: dict[str, dict[int, tuple[float, int, float]]] = {}
         cells = step.cells
         if not step.collectives and not spans:  # the common step: plain phases and spans
             for base in range(0, len(cells), STRIDE):
@@ -552,10 +561,11 @@ class Tracer:
                     total[name] += own if own > 0.0 else 0.0
             if len(first) > 1:
                 ordered = sorted(first, key=first.__getitem__)
-                return {name: total[name] for name in ordered}, offsets
-            return total, offsets
+                return {name: total[name] for name in ordered}, offsets, peers
+            return total, offsets, peers
         span_end: dict[str, float] = {}
         united: dict[str, list[tuple[float, float]]] = {}
+        with_peer: dict[tuple[str, int], list[tuple[float, float]]] = {}
         waits: dict[int, list[tuple[float, float]]] = {}
         plain: list[tuple[str, float, float, int]] = []
         for base in range(0, len(cells), STRIDE):
@@ -576,6 +586,8 @@ class Tracer:
                 span_end[name] = max(span_end.get(name, start), end)
             else:
                 united.setdefault(name, []).append((start, end))
+                if cells[base + PEER] != NO_PEER:
+                    with_peer.setdefault((name, cells[base + PEER]), []).append((start, end))
                 waited_mark = cells[base + WAITED]
                 waited = start if waited_mark < 0 else times[waited_mark]
                 waits.setdefault(cells[base + KEY], []).append(
@@ -587,6 +599,10 @@ class Tracer:
             total[name] = total.get(name, 0.0) + max(end - first[name], 0.0)
         for name, intervals in united.items():
             total[name] = total.get(name, 0.0) + sum(e - s for s, e in _union(intervals))
+        for (name, peer), intervals in with_peer.items():
+            peers.setdefault(name, {})[peer] = (sum(e - s for s, e in _union(intervals)),
+                                                len(intervals),
+                                                min(e - s for s, e in intervals))
         blocked = {stream: _union(intervals) for stream, intervals in waits.items()}
         for name, start, end, stream in plain:
             own = end - start
@@ -594,7 +610,7 @@ class Tracer:
                 own -= sum(max(min(end, e) - max(start, s), 0.0) for s, e in blocked[stream])
             total[name] = total.get(name, 0.0) + max(own, 0.0)
         ordered = sorted(first, key=first.__getitem__)
-        return {name: total[name] for name in ordered}, offsets
+        return {name: total[name] for name in ordered}, offsets, peers
 
     # -- records, flush, shutdown ----------------------------------------------------------
     def emit(self, record: dict) -> None:

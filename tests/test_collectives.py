@@ -10,6 +10,7 @@ the test drives, and the hooks themselves in a one-rank gloo process.
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import os
@@ -38,7 +39,9 @@ _spec.loader.exec_module(real_jobs)
 # Fresh in the suite: every parallelism eager (compiled jobs are re-read from their
 # recordings in test_real_jobs, and run fresh in the graph-break test below).
 PARALLEL_CASES = [c for c in real_jobs.CASES if c.script == real_jobs.PARALLEL_SCRIPT
-                  and "ARGUS_TEST_COMPILE" not in c.env]
+                  and "ARGUS_TEST_COMPILE" not in c.env
+                  and (not c.name.startswith("pp4") or c.name == "pp4-link-4")]
+# (the four-stage pipeline's other cases run from their recordings, tests/test_real_jobs.py)
 IDENTITY = RankIdentity("job", 0, 1, 0, "node-0", {"dp": 0, "tp": 0, "pp": 0, "ep": 0})
 STEPS = 40
 
@@ -124,6 +127,34 @@ def test_overlapping_collectives_of_one_name_last_their_union(tmp_path):
         tracer.end_collective(third)
 
     assert _one_step(tmp_path, script) == {"tp-allreduce": 8.0}
+
+
+def test_sends_and_recvs_keep_their_time_per_peer(tmp_path):
+    """A pipeline stage sends to rank 3 twice (2-4 ms, and 3-7 ms overlapping it: isends in
+    flight together) and receives from rank 1 once (8-9 ms): per peer its time (the union),
+    its messages and the shortest one; the phases are every peer's together."""
+    def script(tracer, clock):
+        _at(clock, 2)
+        first = tracer.begin_phase("pp-send", collective=True, peer=3)
+        _at(clock, 3)
+        second = tracer.begin_phase("pp-send", collective=True, peer=3)
+        _at(clock, 4)
+        tracer.end_collective(first)
+        _at(clock, 7)
+        tracer.end_collective(second)
+        _at(clock, 8)
+        recv = tracer.begin_phase("pp-recv", collective=True, peer=1)
+        _at(clock, 9)
+        tracer.end_collective(recv)
+
+    assert _one_step(tmp_path, script) == {"pp-send": 5.0, "pp-recv": 1.0}
+    trace = load_traces([tmp_path]).traces["job"]
+    peers = trace.steps.peers
+    names = trace.steps.phase_names
+    got = {(names[phase], int(peer)): (round(s * 1e3, 6), int(n), round(m * 1e3, 6))
+           for phase, peer, s, n, m in zip(peers.phase, peers.peer, peers.seconds, peers.count,
+                                           peers.shortest_s, strict=True)}
+    assert got == {("pp-send", 3): (5.0, 2, 2.0), ("pp-recv", 1): (1.0, 1, 1.0)}
 
 
 def test_a_collective_on_another_stream_is_not_taken_out_of_forward(tmp_path):
@@ -296,12 +327,41 @@ def test_every_parallelism_gets_exactly_its_verdict(case, tmp_path):
     real_jobs.run_case(case, spool, steps=STEPS)
     outcome = real_jobs.judge(case, spool)
     assert outcome["verdicts"] == case.expected, outcome["evidence"]
+    assert outcome["as_expected"], outcome  # a slow link's ends name each other
     trace = load_traces([spool]).traces[case.name]
     learned = {"tp": lambda r: (0, r, 0, 0), "moe": lambda r: (0, 0, 0, r),
-               "pp": lambda r: (r // 2, 0, r % 2, 0)}.get(case.env["ARGUS_TEST_PARALLEL"],
-                                                           lambda r: (r, 0, 0, 0))
+               "pp": lambda r: (r // 2, 0, r % 2, 0), "pp4": lambda r: (0, 0, r, 0)}.get(
+                   case.env["ARGUS_TEST_PARALLEL"], lambda r: (r, 0, 0, 0))
     assert {r: info.coords for r, info in trace.ranks.items()} == {
         r: learned(r) for r in range(case.ranks)}  # from the meshes' named dimensions
+    if case.env["ARGUS_TEST_PARALLEL"].startswith("pp"):  # sends and recvs name their peers
+        _assert_pipeline_peers(spool, case)
+
+
+def _assert_pipeline_peers(spool: Path, case) -> None:
+    """Each stage's sends and recvs name the neighbouring stages they exchanged with, one
+    message per micro-batch each way, within the phase's time."""
+    stages = 4 if case.env["ARGUS_TEST_PARALLEL"] == "pp4" else 2
+    micro = 4 if stages == 4 else 2
+    seen = 0
+    for path in spool.rglob("*.ndjson*"):
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as lines:
+            for line in lines:
+                record = json.loads(line)
+                if record["kind"] != "step" or "peers" not in record:
+                    continue
+                stage = record["rank"] % stages  # ranks r and r + 1 are one dp replica's
+                first = record["rank"] - stage  # the replica's stage 0
+                neighbours = {first + s for s in (stage - 1, stage + 1) if 0 <= s < stages}
+                for phase in ("pp-send", "pp-recv"):
+                    by_peer = record["peers"][phase]
+                    assert {int(p) for p in by_peer} == neighbours, record
+                    for value in by_peer.values():
+                        assert value["n"] == micro
+                        assert value["min_s"] <= value["s"] <= record["phases"][phase] + 1e-6
+                seen += 1
+    assert seen >= case.ranks * (STEPS - 5)
 
 
 def _graph_breaks(tmp_path, parallel: str, argus: bool, fault: dict,

@@ -431,6 +431,9 @@ def test_steps_phases_and_stacks():
         assert by_step[step["step"]] == want
     assert by_step[103][-1][1:3] == (T0 + 1_530_000_000, T0 + 1_600_000_000)  # clipped
 
+    assert not any(n.startswith("with_rank_") for s in decoded.slices
+                   for n in (a.name for a in s.event.debug_annotations))
+
     stacks_parent = track_named(decoded, "host stacks")
     threads = {decoded.tracks[u].name: u for u in decoded.tracks
                if decoded.tracks[u].parent_uuid == stacks_parent}
@@ -470,6 +473,22 @@ def test_one_unencodable_step_loses_nothing_else(bad):
     assert steps == {f"step {s['step']}" for i, s in enumerate(window.steps) if i != 2}
     assert len(decoded.instants) == len(window.stacks)
 
+
+
+def test_a_point_to_point_phase_carries_its_time_per_peer():
+    """A step's ``peers`` (a pipeline stage's sends and recvs per neighbour) are on its
+    phase's slice as ``with_rank_N_s``: what a reader of the trace needs to see which link
+    a send waited on."""
+    window = random_window(4)
+    window.steps[1]["phases"]["pp-send"] = 0.02
+    window.steps[1]["peers"] = {"pp-send": {"6": {"s": 0.015, "n": 3, "min_s": 0.004},
+                                            "4": {"s": 0.005, "n": 1, "min_s": 0.005}}}
+    decoded = decode(build_trace(window))
+    send = [s for s in decoded.slices if s.name == "pp-send"]
+    assert len(send) == 1
+    notes = {a.name: a.double_value for a in send[0].event.debug_annotations
+             if a.name.startswith("with_rank_")}
+    assert notes == {"with_rank_6_s": 0.015, "with_rank_4_s": 0.005}
 
 def test_parsed_records_work_like_dicts():
     from argus_core.schema import StackRecord, StepRecord

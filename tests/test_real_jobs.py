@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.modules["real_jobs"] = real_jobs  # dataclasses look their module up
 _spec.loader.exec_module(real_jobs)
 EXPECTED = {case.name: case.expected for case in real_jobs.CASES}
+PEERS = {case.name: case.peers for case in real_jobs.CASES}
 KNOWN_LIMITS = {case.name: case.known_limit for case in real_jobs.CASES if case.known_limit}
 RECORDINGS = sorted(DATA.glob("*.ndjson.gz"))
 
@@ -72,6 +73,8 @@ def test_real_job_gets_exactly_its_verdicts(path, request):
     doc = diagnose(_trace(path)).to_json()
     found = {v["rank"]: v["cause"] for v in doc["verdict"]}
     assert found == EXPECTED[_case(path)], doc["verdict"]
+    # a slow link's two ends each name the other; no other verdict names a peer
+    assert {v["rank"]: v["peer"] for v in doc["verdict"] if "peer" in v} == PEERS[_case(path)]
     for verdict in doc["verdict"]:
         assert verdict["cost_share"] >= 0.02 and "costs the job" in verdict["evidence"]
 

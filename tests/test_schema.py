@@ -14,6 +14,7 @@ from argus_core.schema import (
     MAX_DURATION_NS,
     MAX_TIMESTAMP_NS,
     KernelBatch,
+    PeerTime,
     RankRecord,
     SchemaError,
     StackRecord,
@@ -95,6 +96,24 @@ def test_step_record_accepts_integer_seconds():
     rec = parse_record(with_(STEP, wall_s=1, phases={"mlp": 0}))
     assert rec.wall_s == 1.0
     assert rec.phases == {"mlp": 0.0}
+
+
+PIPELINE_STEP = with_(STEP, phases={"pp-recv": 0.03, "forward": 0.1, "pp-send": 0.02},
+                      peers={"pp-recv": {"4": {"s": 0.03, "n": 4, "min_s": 0.005}},
+                             "pp-send": {"6": {"s": 0.02, "n": 4, "min_s": 0.004}}})
+
+
+def test_step_record_keeps_each_point_to_point_phase_per_peer():
+    """A pipeline stage's step names the ranks its sends and recvs exchanged data with: time,
+    messages and the shortest message per peer."""
+    rec = parse_record(copy.deepcopy(PIPELINE_STEP))
+    assert rec.peers == {"pp-recv": {4: PeerTime(0.03, 4, 0.005)},
+                         "pp-send": {6: PeerTime(0.02, 4, 0.004)}}
+    assert parse_record(copy.deepcopy(STEP)).peers is None  # optional
+
+
+def _peers(**by_phase) -> dict:
+    return with_(PIPELINE_STEP, peers=by_phase)
 
 
 def test_kernels_record_from_design_parses_to_numpy_columns():
@@ -204,6 +223,31 @@ BAD_RECORDS = [
     ("phase-nan", with_(STEP, phases={"mlp": math.nan}), "phases.mlp", ["finite"]),
     ("phase-string", with_(STEP, phases={"mlp": "fast"}), "phases.mlp", ["'fast'"]),
     ("phase-empty-name", with_(STEP, phases={"": 0.1}), "phases", ["empty phase name"]),
+    ("peers-not-object", with_(PIPELINE_STEP, peers=[4, 6]), "peers", ["object", "[4, 6]"]),
+    ("peers-of-no-phase", _peers(**{"pp-p2p": {"4": {"s": 0.01, "n": 1, "min_s": 0.01}}}),
+     "peers.pp-p2p", ["not a phase of this step"]),
+    ("peers-phase-not-object", _peers(**{"pp-recv": 0.03}), "peers.pp-recv", ["object"]),
+    ("peers-key-not-rank", _peers(**{"pp-recv": {"node-4": {"s": 0.01, "n": 1,
+                                                            "min_s": 0.01}}}),
+     "peers.pp-recv", ["'node-4'", "not a rank"]),
+    ("peers-key-negative", _peers(**{"pp-recv": {"-4": {"s": 0.01, "n": 1, "min_s": 0.01}}}),
+     "peers.pp-recv", ["'-4'", "not a rank"]),
+    ("peers-self", _peers(**{"pp-recv": {"5": {"s": 0.01, "n": 1, "min_s": 0.01}}}),
+     "peers.pp-recv.5", ["not its own peer"]),
+    ("peers-value-a-number", _peers(**{"pp-recv": {"4": 0.03}}), "peers.pp-recv.4",
+     ["{s, n, min_s}"]),
+    ("peers-beyond-phase", _peers(**{"pp-recv": {"4": {"s": 0.5, "n": 4, "min_s": 0.01}}}),
+     "peers.pp-recv.4.s", ["exceeds the phase's 0.03 s"]),
+    ("peers-no-messages", _peers(**{"pp-recv": {"4": {"s": 0.03, "n": 0, "min_s": 0.01}}}),
+     "peers.pp-recv.4.n", [">= 1"]),
+    ("peers-count-float", _peers(**{"pp-recv": {"4": {"s": 0.03, "n": 2.5, "min_s": 0.01}}}),
+     "peers.pp-recv.4.n", ["integer"]),
+    ("peers-shortest-beyond-all", _peers(**{"pp-recv": {"4": {"s": 0.03, "n": 4,
+                                                             "min_s": 0.04}}}),
+     "peers.pp-recv.4.min_s", ["exceeds"]),
+    ("peers-shortest-nan", _peers(**{"pp-recv": {"4": {"s": 0.03, "n": 4,
+                                                      "min_s": math.nan}}}),
+     "peers.pp-recv.4.min_s", ["finite"]),
     ("kernels-length-mismatch", with_(KERNELS, dur_ns=[1, 2]), "kernels",
      ["different lengths", "dur_ns=2", "name=3"]),
     ("kernels-length-mismatch-name", with_(KERNELS, name=[0]), "kernels",

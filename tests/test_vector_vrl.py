@@ -44,7 +44,7 @@ KINDS = ("rank", "step", "kernels", "stack")
 ROUTE_OF = {"rank": "ranks", "step": "steps", "kernels": "kernels", "stack": "stacks"}
 # Fields whose values the agent checks only at the top level; the processor checks their
 # elements (and names them: phases.x, name[3]...).
-ELEMENT_CHECKED = {"phases", "coords", "names", "name", "stream", "start_ns", "dur_ns", "frames"}
+ELEMENT_CHECKED = {"phases", "peers", "coords", "names", "name", "stream", "start_ns", "dur_ns", "frames"}
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +174,8 @@ def valid(kind: str) -> dict:
     ("step", {"step": None}, "step"), ("step", {"t_ns": -5}, "t_ns"),
     ("step", {"wall_s": "0.4"}, "wall_s"), ("step", {"wall_s": -0.1}, "wall_s"),
     ("step", {"wall_s": None}, "wall_s"), ("step", {"gpu_s": False}, "gpu_s"),
-    ("step", {"phases": [0.1]}, "phases"),
+    ("step", {"phases": [0.1]}, "phases"), ("step", {"peers": [4]}, "peers"),
+    ("step", {"peers": 0.02}, "peers"),
     ("kernels", {"names": "gemm"}, "names"), ("kernels", {"dur_ns": None}, "dur_ns"),
     ("kernels", {"stream": {"0": 7}}, "stream"), ("kernels", {"dur_ns": [1, 2]}, "kernels"),
     ("kernels", {"name": []}, "kernels"),
@@ -203,7 +204,7 @@ BOUNDS = [MAX_RANK, MAX_RANK + 1, MAX_RANK + 2, MAX_STEP, MAX_STEP + 1, MAX_TIME
           MAX_TIMESTAMP_NS + 1, 2**63 - 1, 2**63, MAX_DURATION_S, MAX_DURATION_S + 0.5,
           int(MAX_DURATION_S) + 1, "x" * MAX_TEXT, "x" * (MAX_TEXT + 1), "é" * MAX_TEXT,
           "é" * (MAX_TEXT + 1)]
-OPTIONAL = {"step": ["gpu_t_ns"]}  # top-level fields the valid records leave out
+OPTIONAL = {"step": ["gpu_t_ns", "peers"]}  # top-level fields the valid records leave out
 
 
 def assert_agent_agrees_with_the_schema(agent: dict, record: dict) -> None:

@@ -20,7 +20,9 @@ points at first: a NIC before the PCIe switch it sits behind for communication).
 ranks no shared unit explains are independent faults: each is attributed to its own GPU
 (compute) or NIC (communication) when the cause is hardware, and
 left unattributed when it is the host process (a data loader, a collector pause); flagged
-ranks under the same own unit that chance could also explain are named together. A unit whose
+ranks under the same own unit that chance could also explain are named together. Two ranks
+flagged as the ends of one slow point-to-point link (``links``) and left unexplained are one
+suspect: the link between them (unit ``A <-> B``, from each end's NIC, else its GPU). A unit whose
 members are exactly another's (a NIC and its PCIe switch) is named with the other as an
 alternative, not hidden.
 """
@@ -86,7 +88,10 @@ class Suspect:
             text += (f"; the {self.outside_healthy} rank{'s' if self.outside_healthy > 1 else ''}"
                      f" under other {_plural(word)} {'are' if self.outside_healthy > 1 else 'is'} "
                      "healthy")
-        if not self.shared and len(self.ranks) == 1:
+        if self.unit_kind == "link":
+            text += ("; only the data between them is slow, at both ends: check the path (NICs, "
+                     "cables and the switches it crosses; NVLink or PCIe within a host)")
+        elif not self.shared and len(self.ranks) == 1:
             text += "; no unit it shares with other ranks explains it (an independent fault)"
         elif not self.shared:
             text += "; too few ranks in the job to tell a shared fault from chance"
@@ -110,8 +115,10 @@ class Suspect:
 
 def attribute(ranks: Mapping[int, RankRecord], flagged: Iterable[tuple[int, str]],
               judged: Iterable[int], costs: Mapping[int, float] | None = None,
-              config: AttributionConfig | None = None) -> list[Suspect]:
-    """Suspects for the ``(rank, cause)`` verdicts among the ``judged`` ranks."""
+              config: AttributionConfig | None = None,
+              links: Iterable[tuple[int, int]] = ()) -> list[Suspect]:
+    """Suspects for the ``(rank, cause)`` verdicts among the ``judged`` ranks; ``links`` are
+    the pairs of ranks flagged as the two ends of a slow link (communication)."""
     config = config or AttributionConfig()
     costs = costs or {}
     judged = sorted(set(judged))
@@ -126,13 +133,14 @@ def attribute(ranks: Mapping[int, RankRecord], flagged: Iterable[tuple[int, str]
     suspects: list[Suspect] = []
     for cause in sorted(by_cause):
         suspects += _attribute_cause(cause, by_cause[cause], healthy, units, hosts, costs,
-                                     config)
+                                     config, links if cause == "communication" else ())
     return suspects
 
 
 def _attribute_cause(cause: str, flagged: set[int], healthy: set[int],
                      units: dict[int, dict[str, str]], hosts: dict[int, str],
-                     costs: Mapping[int, float], config: AttributionConfig) -> list[Suspect]:
+                     costs: Mapping[int, float], config: AttributionConfig,
+                     links: Iterable[tuple[int, int]] = ()) -> list[Suspect]:
     kinds = CAUSE_UNITS.get(cause, ())
     members: dict[tuple[str, str], set[int]] = {}
     for rank in flagged | healthy:
@@ -167,6 +175,14 @@ def _attribute_cause(cause: str, flagged: set[int], healthy: set[int],
         out.append(_suspect(key, cause, ranks & flagged, healthy, members, hosts, costs,
                             math.exp(explains[key]), twins))
         explains.pop(key)
+    for a, b in sorted({tuple(sorted(pair)) for pair in links}):
+        if a in left and b in left:  # the two ends of one slow link, nothing shared explains
+            left -= {a, b}
+            unit = f"{_end(units[a])} <-> {_end(units[b])}"
+            cost = [costs[r] for r in (a, b) if r in costs]
+            out.append(Suspect("link", unit, cause, (a, b), 0, 0,
+                               tuple(sorted({hosts[a], hosts[b]})), False, None, (),
+                               max(cost) if cost else None))
     own = OWN_UNIT.get(cause)
     singles: dict[tuple[str, str], set[int]] = {}
     for rank in sorted(left):
@@ -191,6 +207,11 @@ def _suspect(key: tuple[str, str], cause: str, ranks: set[int], healthy: set[int
                    len(elsewhere & healthy) if p_value is not None else 0,
                    tuple(sorted({hosts[r] for r in ranks})), p_value is not None, p_value,
                    twins, max(cost) if cost else None)
+
+
+def _end(units: dict[str, str]) -> str:
+    """One end of a link: the rank's NIC where known, else its GPU."""
+    return units.get("nic") or units["gpu"]
 
 
 def _join(names: tuple[str, ...], one: str, many: str) -> str:

@@ -17,12 +17,13 @@ import numpy as np
 
 from argus_core.detect.arrival import collective_times
 from argus_core.detect.attribution import AttributionConfig, Suspect, attribute
-from argus_core.detect.cost import Cost, JobContext, cost_of, steps_from
+from argus_core.detect.cost import MIN_COST_SHARE, Cost, JobContext, cost_of, steps_from
 from argus_core.detect.host import HostConfig, HostFinding, detect_host
 from argus_core.detect.l1 import L1Config, L1Result, detect_l1
 from argus_core.detect.l2 import L2Config, L2Result, detect_l2
 from argus_core.detect.l3 import KernelScores, L3Config
 from argus_core.detect.l3_findings import KernelFinding, kernel_findings
+from argus_core.detect.links import LinkConfig, LinkFinding, detect_links
 from argus_core.detect.placement import device_starts, place_kernels
 from argus_core.detect.stages import stage_classes
 from argus_core.detect.steps import StepMatrix, step_matrix
@@ -40,6 +41,7 @@ class DiagnoseConfig:
     l2: L2Config = field(default_factory=L2Config)
     l3: L3Config = field(default_factory=L3Config)
     host: HostConfig = field(default_factory=HostConfig)
+    links: LinkConfig = field(default_factory=LinkConfig)
     verdict: VerdictConfig = field(default_factory=VerdictConfig)
     attribution: AttributionConfig = field(default_factory=AttributionConfig)
     compression: CompressionConfig = field(default_factory=CompressionConfig)
@@ -90,6 +92,8 @@ class Diagnosis:
     minor: list[Verdict] = field(default_factory=list)  # found, but costing under the floor
     context: JobContext = field(default_factory=JobContext)
     suspects: list[Suspect] = field(default_factory=list)  # hardware units the verdicts share
+    links: list[LinkFinding] = field(default_factory=list)  # point-to-point links that slowed
+    cost_floor: float = MIN_COST_SHARE  # the share of a step a verdict costs at least
 
     def l2_cost(self, excess_s: float, onset: int | None) -> Cost:
         """The cost of an L2 finding's excess, from its onset (or every judged step) on."""
@@ -108,11 +112,18 @@ class Diagnosis:
                                    **_cost_json(self.l2_cost(f.excess_s, f.onset))}
                                   for f in self.l2.findings],
                    "host": [{"rank": f.rank, "excess_s": _num(f.excess_s, 6),
-                             "z": _num(f.z, 1)} for f in self.host]},
+                             "z": _num(f.z, 1)} for f in self.host],
+                   "links": [{"from": f.sender, "to": f.receiver, "axis": f.axis,
+                              "step": f.onset, "ratio": _num(f.ratio, 2), "z": _num(f.z, 1),
+                              "before_s": _num(f.before_s, 6), "after_s": _num(f.after_s, 6),
+                              **_cost_json(cost_of(f.excess_s, steps_from(f.onset,
+                                                                          self.context),
+                                                   self.context))}
+                             for f in self.links]},
             "l3": {"stragglers": [{"rank": f.rank, "kernel": f.kernel, "stream": f.stream,
                                    "score": _num(f.score, 3)} for f in self.l3]},
             "verdict": [{"rank": v.rank, "cause": v.cause, "evidence": v.evidence,
-                         **_cost_json(v.cost)} for v in self.verdicts],
+                         **_cost_json(v.cost), **_peer_json(v)} for v in self.verdicts],
             "minor": [{"rank": v.rank, "cause": v.cause, "evidence": v.evidence,
                        **_cost_json(v.cost)} for v in self.minor],
             "suspects": [s.to_json() for s in self.suspects],
@@ -125,6 +136,11 @@ _JSON_CAP = 1e6  # stands for "unbounded" (a peer median of 0): JSON has no Infi
 def _num(value: float, digits: int) -> float:
     """A finite, rounded number for the JSON document."""
     return round(min(float(value), _JSON_CAP), digits)
+
+
+def _peer_json(verdict: Verdict) -> dict:
+    """The added ``peer`` of a link's verdict: the link's other end."""
+    return {} if verdict.peer is None else {"peer": verdict.peer}
 
 
 def _cost_json(cost: Cost | None) -> dict:
@@ -167,15 +183,18 @@ def diagnose(trace: Trace, config: DiagnoseConfig | None = None) -> Diagnosis:
                          int(matrix.steps[-1]) if len(matrix.steps) else None,
                          bool(len(trace.kernels)) or bool((trace.steps.gpu_t_ns >= 0).any()))
     host = (detect_host(matrix, times, calm, step_s, config.host) if step_s else [])
+    links = detect_links(trace.steps, matrix, calm, config.links)
     minor: list[Verdict] = []
     verdicts = build_verdicts(l1, l2, l3, trace.stacks, matrix.t_ns, host, context,
-                              config.verdict, minor)
+                              config.verdict, minor, links)
     suspects = attribute(trace.ranks, [(v.rank, v.cause) for v in verdicts],
                          matrix.ranks.tolist(),
                          {v.rank: v.cost.seconds for v in verdicts if v.cost is not None},
-                         config.attribution)
+                         config.attribution,
+                         [(v.rank, v.peer) for v in verdicts if v.peer is not None])
     return Diagnosis(trace.job, matrix, l1, l2, l3, excused, verdicts, scores, warnings,
-                     len(trace.kernels), host, minor, context, suspects)
+                     len(trace.kernels), host, minor, context, suspects, links,
+                     config.verdict.min_cost_share)
 
 
 def _kernel_steps(matrix: StepMatrix, calm: np.ndarray, l1: L1Result, l2: L2Result,

@@ -6,7 +6,10 @@ Compute wins over host and communication: a rank with slow compute also shows od
 wins only when it costs enough (a late rank computes a little slower after sleeping, which
 must not hide its host stall). A rank
 is "host" when its host time exceeds its peers' step after step (``detect.host``), and
-"communication" when only its collectives' transfer time is slow (waiting removed). Ranks L1
+"communication" when only its collectives' transfer time is slow (waiting removed), or when a
+point-to-point link it is an end of slowed down (``detect.links``: both ends of the link, each
+naming the other as its ``peer``; this wins over every other cause, since a late rank never
+makes both ends of one link slow). Ranks L1
 attributes a regression to, or repeated spikes, get a verdict even when L2 and L3 saw nothing:
 "host" when the excess sits in their host time (wall - device time) or device idle time while
 their device work stayed flat (case 4, and a sustained host stall), else the part of their own
@@ -40,6 +43,7 @@ from argus_core.detect.host import HostFinding
 from argus_core.detect.l1 import Culprit, L1Result
 from argus_core.detect.l2 import L2Result
 from argus_core.detect.l3_findings import KernelFinding
+from argus_core.detect.links import LinkFinding
 from argus_core.schema import StackRecord
 
 
@@ -63,6 +67,7 @@ class Verdict:
     cause: str
     evidence: str
     cost: Cost | None = None  # None: no time measure behind the finding (kernel scores alone)
+    peer: int | None = None  # the other end of the slow link, for a link's verdict
 
 
 def ranks_text(ranks: Iterable[int]) -> str:
@@ -95,9 +100,10 @@ def build_verdicts(l1: L1Result, l2: L2Result, l3: list[KernelFinding],
                    host: list[HostFinding] | None = None,
                    context: JobContext | None = None,
                    config: VerdictConfig | None = None,
-                   minor: list[Verdict] | None = None) -> list[Verdict]:
-    """Combine L1 culprits, L2 findings, host findings and L3 findings into one verdict per
-    rank; candidates that cost less than the floor go to ``minor`` when given."""
+                   minor: list[Verdict] | None = None,
+                   links: list[LinkFinding] | None = None) -> list[Verdict]:
+    """Combine L1 culprits, L2 findings, host findings, L3 findings and slow links into one
+    verdict per rank; candidates that cost less than the floor go to ``minor`` when given."""
     context = context or JobContext()
     config = config or VerdictConfig()
     l2_by_rank = defaultdict(list)
@@ -113,16 +119,25 @@ def build_verdicts(l1: L1Result, l2: L2Result, l3: list[KernelFinding],
             late[role.rank].append(role)
     culprits = _repeated_culprits(l1, context, config)
     job_onset = l1.regressions[-1][0] if l1.regressions else None
+    links_by_rank = defaultdict(list)
+    for link in links or []:  # each link worth acting on by itself
+        if context.step_s and link.excess_s < config.min_cost_share * context.step_s:
+            continue
+        links_by_rank[link.sender].append(link)
+        links_by_rank[link.receiver].append(link)
 
     verdicts = []
-    for rank in sorted(set(l2_by_rank) | set(l3_by_rank) | set(culprits) | set(host_by_rank)):
+    for rank in sorted(set(l2_by_rank) | set(l3_by_rank) | set(culprits) | set(host_by_rank)
+                       | set(links_by_rank)):
         phases = [f for f in l2_by_rank[rank] if f.kind == "compute"]
         links = [f for f in l2_by_rank[rank] if f.kind == "communication"]
         kernels = [f for f in l3_by_rank[rank] if not f.comm]
         collectives = [f for f in l3_by_rank[rank] if f.comm]
         own_onsets = [f.onset for f in phases if f.onset is not None]
         onset = min(own_onsets) if own_onsets else job_onset
-        candidates = []  # in the order causes win: compute, host, communication, L1's
+        candidates = []  # in the order causes win: a link, compute, host, communication, L1's
+        if links_by_rank[rank]:
+            candidates.append(_link_verdict(rank, links_by_rank[rank], context))
         if phases or kernels:
             cost = _findings_cost(phases, onset, context)
             candidates.append(Verdict(rank, "compute", _compute_evidence(
@@ -246,7 +261,8 @@ def _with_cost_text(verdict: Verdict, context: JobContext) -> Verdict:
     if cost.gpu_seconds is not None:
         unit = "GPU-seconds" if context.device else "rank-seconds"
         text += f", {cost.gpu_seconds:,.1f} {unit} over {cost.steps} steps"
-    return Verdict(verdict.rank, verdict.cause, f"{verdict.evidence}; {text}", cost)
+    return Verdict(verdict.rank, verdict.cause, f"{verdict.evidence}; {text}", cost,
+                   verdict.peer)
 
 
 def _seconds(value: float) -> str:
@@ -275,6 +291,22 @@ def _compute_evidence(phases, kernels, late_roles, onset: int | None) -> str:
         text += (f". Its {', '.join(names)} {verb} {share:.2f}x the time of its peers' "
                  f"({who} for it there): it arrives late, so the network is not the cause")
     return text
+
+
+def _link_verdict(rank: int, links: list[LinkFinding], context: JobContext) -> Verdict:
+    """A rank at an end of slow links: communication, naming the costliest link's other end."""
+    worst = max(links, key=lambda f: f.excess_s)
+    peer = worst.receiver if worst.sender == rank else worst.sender
+    parts = [f"{f.sender} -> {f.receiver} {_seconds(f.after_s)} a step from step {f.onset} on, "
+             f"{f.ratio:.1f}x its {_seconds(f.before_s)} before (z {f.z:.0f})"
+             for f in sorted(links, key=lambda f: -f.excess_s)]
+    axis = f"{worst.axis} " if worst.axis else ""
+    text = (f"its {axis}link with rank {peer} slowed ({'; '.join(parts)}), the sends and recvs "
+            f"at both ends alike: neither rank is late, the data is slow to cross: suspect the "
+            f"link, NIC or switch between ranks {ranks_text((rank, peer))}")
+    cost = cost_of(sum(f.excess_s for f in links), steps_from(
+        min(f.onset for f in links), context), context)
+    return Verdict(rank, "communication", text, cost, peer)
 
 
 def _host_evidence(finding: HostFinding, context: JobContext) -> str:

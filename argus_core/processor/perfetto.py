@@ -400,7 +400,8 @@ def _add_step(builder: TraceProtoBuilder, record: Any, end: int | None, seq: int
     Phases have only durations (device time from CUDA events), no start times: they are placed
     sequentially from the step's ``t_ns`` in record order, on the "phases (approximate
     placement)" track, and clipped at the step's end (communication overlapping compute makes
-    their sum exceed the wall time); ``measured_s`` keeps each phase's recorded duration.
+    their sum exceed the wall time); ``measured_s`` keeps each phase's recorded duration, and
+    ``with_rank_N_s`` a point-to-point phase's time with rank N.
     """
     if end is None:
         raise ValueError(f"step {_get(record, 'step')}: wall_s {_get(record, 'wall_s')!r} is "
@@ -410,11 +411,16 @@ def _add_step(builder: TraceProtoBuilder, record: Any, end: int | None, seq: int
     _annotate(event, "wall_s", float(_get(record, "wall_s") or 0.0))
     _annotate(event, "gpu_s", float(_get(record, "gpu_s") or 0.0))
     cursor = begin
+    peers = (record.get("peers") if isinstance(record, Mapping)
+             else getattr(record, "peers", None)) or {}
     for phase, seconds in (_get(record, "phases") or {}).items():
         phase_end = min(cursor + _ns(seconds), end)
         event = _slice(builder, seq, _PHASES, phase, cursor, phase_end)
         _annotate(event, "measured_s", float(seconds or 0.0))
         _annotate(event, "step", int(_get(record, "step")))
+        for peer, with_peer in (peers.get(phase) or {}).items():  # a send's or recv's ranks
+            seconds = with_peer["s"] if isinstance(with_peer, Mapping) else with_peer.seconds
+            _annotate(event, f"with_rank_{int(peer)}_s", float(seconds))
         cursor = phase_end
 
 

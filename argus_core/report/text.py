@@ -68,6 +68,19 @@ def render(diagnosis: Diagnosis, console: Console, rejected: int = 0) -> None:
     for f in d.host:
         console.print(f"rank {f.rank}: host time {f.excess_s * 1e3:.1f} ms a step above the "
                       f"other ranks' ({f.share:.1%} of the step, robust z {f.z:.1f})")
+    small = 0
+    for f in d.links:  # point-to-point links whose own time rose
+        cost = d.l2_cost(f.excess_s, f.onset)
+        if cost.share is not None and cost.share < d.cost_floor:
+            small += 1
+            continue
+        console.print(f"link {f.sender} -> {f.receiver}{f' ({f.axis})' if f.axis else ''}: "
+                      f"{f.after_s * 1e3:.2f} ms a step from step {f.onset} on, {f.ratio:.1f}x "
+                      f"its {f.before_s * 1e3:.2f} ms before (z {f.z:.0f}), "
+                      f"{cost.seconds * 1e3:.1f} ms a step"
+                      + (f" ({cost.share:.1%})" if cost.share is not None else ""))
+    if small:
+        console.print(f"[dim]{small} link(s) slowed by less than the verdict floor[/dim]")
     waiters = sorted({r.rank for r in d.l2.roles if r.role == "waiter"})
     if waiters and (d.l2.findings or d.l3):
         console.print(f"[dim]{len(waiters)} rank(s) spend most of a collective waiting for a "

@@ -8,6 +8,7 @@ ARGUS_TEST_PARALLEL picks how the model is split across the ranks:
   linear layers: an all-reduce inside forward and one inside backward);
 - ``pp``: a pipeline on a ``("dp", "pp")`` mesh of 2 x 2: two stages exchanging activations
   and gradients with send/recv (two micro-batches), gradients all-reduced over dp;
+- ``pp4``: a pipeline of one stage per rank on a ``("pp",)`` mesh (GPipe, four micro-batches);
 - ``moe``: an expert layer on an ``("ep",)`` mesh: tokens routed with ``all_to_all_single``
   there and back, in forward and backward (a custom autograd function, as MoE libraries do).
 
@@ -17,8 +18,11 @@ after ``instrument``, ARGUS_TEST_COMPILE=first before it (``instrument`` is then
 compiled model), and ARGUS_TEST_COUNTERS=PATH writes dynamo's graph breaks to
 PATH.RANK.json.
 One fault on rank ARGUS_TEST_SLOW_RANK from step ARGUS_TEST_FROM on, ARGUS_TEST_SLEEP_S long:
-``host`` (late: a sleep before every forward) or ``compute`` (slow: extra matrix products in
-every forward). The number of steps is ARGUS_TEST_STEPS, the model's width ARGUS_TEST_WIDTH.
+``host`` (late: a sleep before every forward), ``compute`` (slow: extra matrix products in
+every forward) or ``link`` (a slow link between ranks ARGUS_TEST_SLOW_RANK and the next one:
+every send between the two takes ARGUS_TEST_SLEEP_S longer to deliver its data, which both
+ends see; pipelines only, with the one-line API: the delay sits inside the timed send). The
+number of steps is ARGUS_TEST_STEPS, the model's width ARGUS_TEST_WIDTH.
 """
 
 import os
@@ -34,6 +38,7 @@ SLEEP_S = float(os.environ.get("ARGUS_TEST_SLEEP_S", "0.02"))
 FAULT = os.environ.get("ARGUS_TEST_FAULT", "host")
 FROM = int(os.environ.get("ARGUS_TEST_FROM", "10"))
 WIDTH = int(os.environ.get("ARGUS_TEST_WIDTH", "256"))
+MICRO_BATCHES = 4 if PARALLEL == "pp4" else 2
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -56,6 +61,27 @@ def _fault(kind: str) -> None:
             time.sleep(SLEEP_S)
         else:
             _burn(SLEEP_S)
+
+
+def _slow_the_link() -> None:
+    """A degraded link between ranks SLOW_RANK and SLOW_RANK + 1: each send between them
+    delivers its data SLEEP_S late (the sender's send and the receiver's recv both last
+    longer), sends to any other rank are untouched."""
+    from torch._C._distributed_c10d import ProcessGroup
+
+    send = ProcessGroup.send
+    link = {SLOW_RANK, SLOW_RANK + 1}
+
+    def send_over_the_link(group, tensors, peer, *args):
+        if step >= FROM and rank in link and dist.get_global_rank(group, peer) in link:
+            time.sleep(SLEEP_S)
+        return send(group, tensors, peer, *args)
+
+    ProcessGroup.send = send_over_the_link
+
+
+if FAULT == "link":
+    _slow_the_link()
 
 
 def _mlp() -> torch.nn.Module:
@@ -124,11 +150,15 @@ elif PARALLEL == "pp":
     stage = mesh.get_coordinate()[1]
     pipeline = (mesh.get_group("pp"), mesh.get_group("dp"), stage)
     model = _mlp()
+elif PARALLEL == "pp4":
+    mesh = _mesh((world,), ("pp",))
+    pipeline = (mesh.get_group("pp"), None, mesh.get_coordinate()[0])
+    model = _mlp()
 elif PARALLEL == "moe":
     ep_mesh = _mesh((world,), ("ep",))
     model = _Moe(ep_mesh.get_group("ep"))
 else:
-    raise SystemExit(f"ARGUS_TEST_PARALLEL={PARALLEL!r}: expected ddp, fsdp2, tp, pp or moe")
+    raise SystemExit(f"ARGUS_TEST_PARALLEL={PARALLEL!r}: expected ddp, fsdp2, tp, pp, pp4 or moe")
 first = {"ddp": lambda: model.module[0], "moe": lambda: model.router}.get(PARALLEL,
                                                                           lambda: model[0])()
 first.register_forward_pre_hook(lambda module, args: _fault("compute"))  # inside forward
@@ -145,30 +175,35 @@ if COMPILE == "1":
 
 
 def _pipeline_step(batch: torch.Tensor) -> None:
-    """GPipe with two micro-batches: all forwards, then all backwards; grads over dp."""
+    """GPipe: every micro-batch's forward (activations received from the previous stage and
+    sent to the next), then every backward (gradients the other way); grads over dp."""
     pp_group, dp_group, stage = pipeline
-    peer = dist.get_global_rank(pp_group, 1 - stage)
+    stages = pp_group.size()
+    before = dist.get_global_rank(pp_group, stage - 1) if stage > 0 else None
+    after = dist.get_global_rank(pp_group, stage + 1) if stage < stages - 1 else None
     outputs, inputs = [], []
-    for micro in batch.chunk(2):
-        if stage == 1:
+    for micro in batch.chunk(MICRO_BATCHES):
+        if before is not None:
             micro = torch.empty_like(micro)
-            dist.recv(micro, peer, group=pp_group)
+            dist.recv(micro, before, group=pp_group)
             micro.requires_grad_(True)
             inputs.append(micro)
         out = model(micro)
-        if stage == 0:
-            dist.send(out.detach(), peer, group=pp_group)
+        if after is not None:
+            dist.send(out.detach(), after, group=pp_group)
         outputs.append(out)
     for i, out in enumerate(outputs):
-        if stage == 1:
+        if after is None:
             out.pow(2).mean().backward()
-            dist.send(inputs[i].grad, peer, group=pp_group)
         else:
             grad = torch.empty_like(out)
-            dist.recv(grad, peer, group=pp_group)
+            dist.recv(grad, after, group=pp_group)
             out.backward(grad)
-    for param in model.parameters():
-        dist.all_reduce(param.grad, group=dp_group)
+        if before is not None:
+            dist.send(inputs[i].grad, before, group=pp_group)
+    if dp_group is not None:
+        for param in model.parameters():
+            dist.all_reduce(param.grad, group=dp_group)
 
 
 for step in range(STEPS):
