@@ -42,7 +42,6 @@ import dataclasses
 import json
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -64,7 +63,7 @@ from argus_core.schema import AXES
 from argus_core.score.core_adapter import judge
 from argus_core.score.snapshot import JobSnapshot, PhaseTable, kernel_summary
 from argus_core.simulate.summaries import synthetic_summaries
-from argus_core.stack.processes import free_port
+from argus_core.stack.processes import free_port, start_child, stop_child
 from argus_core.summaries import summary_families
 from argus_core.topology import Topology
 
@@ -478,11 +477,10 @@ def main() -> None:
              "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]},
             {"job_name": "prometheus", "scrape_interval": "5s",
              "static_configs": [{"targets": [f"127.0.0.1:{prom_port}"]}]}]}))
-    with open(workdir / "log", "w") as log:
-        prom = subprocess.Popen(["prometheus", f"--config.file={workdir / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={workdir / 'data'}",
-                                 f"--web.listen-address=127.0.0.1:{prom_port}"],
-                                stdout=subprocess.DEVNULL, stderr=log)
+    prom = start_child(["prometheus", f"--config.file={workdir / 'prometheus.yml'}",
+                        f"--storage.tsdb.path={workdir / 'data'}",
+                        f"--web.listen-address=127.0.0.1:{prom_port}"],
+                       f"{url}/-/ready", workdir / "log")
     try:
         sums, amortized, per_rule, warm = [], [], [], 150.0
         intervals = group_intervals(rules)
@@ -532,8 +530,7 @@ def main() -> None:
         result["alerts_firing"] = sorted({f"{a['metric']['alertname']}:{a['metric'].get('rank')}"
                                           for a in alerts})
     finally:
-        prom.send_signal(signal.SIGTERM)
-        prom.wait(60)
+        stop_child(prom, 60)
         server.shutdown()
         shutil.rmtree(workdir, ignore_errors=True)
     report(result, args.json)

@@ -11,155 +11,34 @@ small window and an event; every py-spy run has a timeout and is killed with its
 group when it overstays; shutdown kills a running dump instead of waiting for it. If py-spy is
 missing or may not attach (ptrace), the probe says so once through ``Health.probe_state`` and
 stays off. The CPU that py-spy and the probe thread spend is measured (``os.wait4`` rusage of
-each py-spy child plus the thread's own CPU clock) and added to ``Health.add_cpu``.
+each py-spy child plus the thread's own CPU clock) and added to ``Health.add_cpu``. Running and
+parsing py-spy is ``argus_exporters.pyspy``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import re
-import selectors
-import shutil
-import signal
-import subprocess
-import sys
-import sysconfig
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-
-import orjson
 
 from argus_exporters.config import Settings
 from argus_exporters.health import Health
 from argus_exporters.identity import RankIdentity
+from argus_exporters.pyspy import (
+    PERMISSION_MARKERS,
+    PySpyRunner,
+    find_py_spy,
+    parse_json_dump,
+    parse_text_dump,
+    ptrace_hint,
+)
 from argus_exporters.records import stack_record
 
 PROBE = "stacks"
 THREAD_NAME = "argus-stacks"
-
-# py-spy prints these when the kernel refuses the attach (ptrace/process_vm_readv): its own
-# "Permission Denied: Try running again with elevated permissions ...", the raw OS errors
-# EPERM/EACCES from remoteprocess, and "requires root" on macOS.
-_PERMISSION_MARKERS = (
-    "permission denied", "operation not permitted", "elevated permissions", "requires root",
-    "os error 1)", "os error 13)", "ptrace_scope", "eperm", "eacces",
-)
-
-_THREAD_RE = re.compile(r'^Thread\s+(?P<id>\S+)(?:\s+\((?P<status>[^)]*)\))?'
-                        r'(?::\s*"(?P<name>.*)")?\s*$')
-_FRAME_RE = re.compile(r"^\s+(?P<func>.*?) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)\s*$")
-
-
-def format_frame(filename: str | None, function: str | None, line: int | None) -> str:
-    """One frame as ``"file.py:function:line"``, the path cut to its last 3 components."""
-    parts = [p for p in (filename or "?").replace("\\", "/").split("/") if p]
-    short = "/".join(parts[-3:]) or "?"
-    return f"{short}:{function or '?'}:{int(line) if line else 0}"
-
-
-def parse_json_dump(data: bytes | str, max_frames: int = 256) -> list[tuple[str, list[str]]]:
-    """Threads of a ``py-spy dump --json`` output: ``[(thread name, frames outermost first)]``.
-
-    py-spy lists frames innermost first; they are reversed here. Threads without Python frames
-    are left out; a stack deeper than ``max_frames`` keeps its innermost frames. Raises
-    ValueError when the output is not py-spy's JSON.
-    """
-    doc = orjson.loads(data)
-    if isinstance(doc, dict):
-        doc = [doc]
-    if not isinstance(doc, list):
-        raise ValueError("py-spy --json output is not a list of threads")
-    threads = []
-    for thread in doc:
-        if not isinstance(thread, dict):
-            continue
-        raw = [f for f in thread.get("frames") or () if isinstance(f, dict)]
-        if not raw:
-            continue
-        frames = [format_frame(f.get("short_filename") or f.get("filename"), f.get("name"),
-                               f.get("line")) for f in reversed(raw)]
-        name = thread.get("thread_name") or (
-            f"thread-{thread.get('os_thread_id') or thread.get('thread_id') or '?'}")
-        threads.append((str(name), frames[-max_frames:]))
-    return threads
-
-
-def parse_text_dump(text: str, max_frames: int = 256) -> list[tuple[str, list[str]]]:
-    """Threads of py-spy's human-readable ``dump`` output (for a py-spy without ``--json``).
-
-    Understands ``Thread 123 (active+gil): "MainThread"`` headers followed by indented
-    ``function (file.py:42)`` frames (innermost first, reversed here); other lines (process
-    banner, locals) are skipped. Same result shape as ``parse_json_dump``.
-    """
-    threads: list[tuple[str, list[str]]] = []
-    name: str | None = None
-    frames: list[str] = []
-
-    def close() -> None:
-        if name is not None and frames:
-            threads.append((name, list(reversed(frames))[-max_frames:]))
-
-    for line in text.splitlines():
-        header = _THREAD_RE.match(line)
-        if header:
-            close()
-            name = header.group("name") or f"thread-{header.group('id')}"
-            frames = []
-            continue
-        frame = _FRAME_RE.match(line)
-        if frame and name is not None:
-            frames.append(format_frame(frame.group("file"), frame.group("func"),
-                                       int(frame.group("line") or 0)))
-    close()
-    return threads
-
-
-def find_py_spy() -> str | None:
-    """The py-spy executable: on PATH, else next to this interpreter (a venv's ``bin``)."""
-    found = shutil.which("py-spy")
-    if found:
-        return found
-    for folder in (sysconfig.get_path("scripts"), str(Path(sys.executable).parent)):
-        candidate = Path(folder) / "py-spy"
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return str(candidate)
-    return None
-
-
-@dataclass
-class _Run:
-    """What one py-spy invocation came back with."""
-
-    rc: int | None = None  # None: timed out, killed or never started
-    out: bytes = b""
-    err: bytes = b""
-    cpu_s: float = 0.0
-    timed_out: bool = False
-    launch_error: str = ""
-
-    def message(self) -> str:
-        """First meaningful line of py-spy's complaint, for health reasons."""
-        text = (self.err or self.out).decode("utf-8", "replace")
-        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-        return (lines[0] if lines else f"exit status {self.rc}")[:300]
-
-
-def _ptrace_hint() -> str:
-    try:
-        scope = Path("/proc/sys/kernel/yama/ptrace_scope").read_text().strip()
-    except OSError:
-        scope = ""
-    hint = "needs ptrace permission: root or CAP_SYS_PTRACE"
-    if scope:
-        hint += f", or kernel.yama.ptrace_scope=0 (now {scope})"
-    return hint
-
 
 class StackProbe:
     """py-spy stack samples of one process, periodic plus bursts on step-time spikes.
@@ -199,7 +78,6 @@ class StackProbe:
         if dump_timeout_s is not None:
             self.dump_timeout_s = float(dump_timeout_s)
         self._own_process = self._pid == os.getpid()
-        self._lock = threading.Lock()  # guards _proc (spawn vs. kill from shutdown)
         self._state_lock = threading.Lock()  # orders "on" and "unavailable" reports
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -207,7 +85,7 @@ class StackProbe:
         self._first_fatal = False
         self._started = False
         self._thread: threading.Thread | None = None
-        self._proc: subprocess.Popen | None = None
+        self._runner = PySpyRunner(self._stop)
         self._running = False  # start() succeeded and the probe has not stopped
         self._step_times: deque[float] = deque(maxlen=self.median_steps)
         self._last_burst = -math.inf
@@ -273,7 +151,7 @@ class StackProbe:
             self._running = False
             self._stop.set()
             self._wake.set()
-            self._kill_current()
+            self._runner.kill_current()
             thread = self._thread
             if thread is not None and thread is not threading.current_thread():
                 thread.join(max(0.0, timeout))
@@ -385,7 +263,8 @@ class StackProbe:
 
     def _detect_flags(self) -> None:
         """Ask ``py-spy dump --help`` once which of ``--json``/``--nonblocking`` it has."""
-        run = self._run([self._py_spy, "dump", "--help"], min(self.dump_timeout_s, 5.0))
+        run = self._runner.run([self._py_spy, "dump", "--help"], min(self.dump_timeout_s, 5.0),
+                               self.max_output_bytes)
         self._health.add_cpu(run.cpu_s)
         text = (run.out + run.err).decode("utf-8", "replace")
         if run.rc == 0 and "--pid" in text:
@@ -405,8 +284,8 @@ class StackProbe:
         """One dump -> records. Outcome: ok, timeout, error (transient) or fatal (+ reason)."""
         cpu0 = time.thread_time()
         t_ns = time.time_ns()
-        run = self._run([self._py_spy, "dump", "--pid", str(self._pid), *self._flags],
-                        self.dump_timeout_s)
+        run = self._runner.run([self._py_spy, "dump", "--pid", str(self._pid), *self._flags],
+                               self.dump_timeout_s, self.max_output_bytes)
         try:
             if run.launch_error:
                 return "fatal", run.launch_error
@@ -417,11 +296,11 @@ class StackProbe:
                 return "timeout", f"py-spy dump timed out after {self.dump_timeout_s:g}s"
             if run.rc != 0:
                 message = run.message()
-                if any(m in message.lower() for m in _PERMISSION_MARKERS) or any(
+                if any(m in message.lower() for m in PERMISSION_MARKERS) or any(
                         m in run.err.decode("utf-8", "replace").lower()
-                        for m in _PERMISSION_MARKERS):
+                        for m in PERMISSION_MARKERS):
                     return "fatal", (f"py-spy not permitted to attach to pid {self._pid}: "
-                                     f"{message} ({_ptrace_hint()})")
+                                     f"{message} ({ptrace_hint()})")
                 self._health.drop("stack_error")
                 return "error", message
             try:
@@ -448,102 +327,3 @@ class StackProbe:
                 self.records += 1
             except Exception:
                 self._health.drop("stack_emit_error")
-
-    # ---------------------------------------------------------------- subprocess handling
-
-    def _run(self, argv: list[str], timeout: float) -> _Run:
-        """Run py-spy with a deadline; kill its process group on timeout or shutdown.
-
-        The child is reaped with ``os.wait4`` so that its own CPU time (user + system) is
-        known exactly, not mixed with other children of the training process as
-        ``RUSAGE_CHILDREN`` deltas would be.
-        """
-        result = _Run()
-        env = dict(os.environ, RUST_BACKTRACE="0")
-        with self._lock:
-            if self._stop.is_set():
-                return result
-            try:
-                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, env=env, close_fds=True,
-                                        start_new_session=True)
-            except (FileNotFoundError, PermissionError, OSError) as exc:
-                result.launch_error = f"cannot run py-spy at {argv[0]}: {exc}"
-                return result
-            self._proc = proc
-        deadline = time.monotonic() + timeout
-        try:
-            self._collect(proc, deadline, result)
-        finally:
-            if result.timed_out or self._stop.is_set():
-                self._kill(proc)
-            for pipe in (proc.stdout, proc.stderr):
-                with contextlib.suppress(Exception):
-                    pipe.close()
-            self._reap(proc, result, time.monotonic() + 1.0)
-            with self._lock:
-                self._proc = None
-        return result
-
-    def _collect(self, proc: subprocess.Popen, deadline: float, result: _Run) -> None:
-        out: list[bytes] = []
-        err: list[bytes] = []
-        size = 0
-        with selectors.DefaultSelector() as sel:
-            sel.register(proc.stdout, selectors.EVENT_READ, out)
-            sel.register(proc.stderr, selectors.EVENT_READ, err)
-            while sel.get_map():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    result.timed_out = True
-                    break
-                for key, _ in sel.select(min(remaining, 0.5)):
-                    chunk = os.read(key.fd, 1 << 16)
-                    if not chunk:
-                        sel.unregister(key.fileobj)
-                        continue
-                    key.data.append(chunk)
-                    size += len(chunk)
-                if size > self.max_output_bytes:
-                    result.timed_out = True  # treated as a failed sample
-                    break
-                if self._stop.is_set():
-                    break
-        result.out = b"".join(out)
-        result.err = b"".join(err)[:65536]
-
-    def _reap(self, proc: subprocess.Popen, result: _Run, deadline: float) -> None:
-        killed = False
-        while True:
-            try:
-                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            except ChildProcessError:  # reaped elsewhere (a SIGCHLD handler): no CPU figure
-                if not result.timed_out:
-                    result.rc = 0 if result.out else 1
-                proc.returncode = result.rc if result.rc is not None else -1
-                return
-            if pid:
-                proc.returncode = os.waitstatus_to_exitcode(status)
-                if not result.timed_out:
-                    result.rc = proc.returncode
-                result.cpu_s = usage.ru_utime + usage.ru_stime
-                return
-            if time.monotonic() >= deadline:
-                if killed:  # unkillable (D state): leave it to Popen's own reaping later
-                    return
-                result.timed_out = True  # pipes closed but still alive: kill it
-                self._kill(proc)
-                killed = True
-                deadline = time.monotonic() + 1.0
-            time.sleep(0.002)
-
-    @staticmethod
-    def _kill(proc: subprocess.Popen) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
-            os.killpg(proc.pid, signal.SIGKILL)  # start_new_session: pgid == pid
-
-    def _kill_current(self) -> None:
-        with self._lock:
-            proc = self._proc
-        if proc is not None and proc.returncode is None:
-            self._kill(proc)

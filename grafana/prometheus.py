@@ -18,7 +18,7 @@ import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
-from argus_core.stack.processes import free_port, poll_ready
+from argus_core.stack.processes import StackError, free_port, start_child, stop_child
 
 PROMETHEUS = "prometheus"
 PROMTOOL = "promtool"
@@ -91,41 +91,24 @@ class LocalPrometheus:
         config = self.workdir / "prometheus.yml"
         config.write_text("global:\n  scrape_interval: 15s\n  evaluation_interval: 15s\n")
         self.port = free_port()
-        log = open(self.workdir / "prometheus.log", "ab")  # noqa: SIM115 (held by the process)
-        self.proc = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={self.data}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=30d"],
-            stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        ready = poll_ready(self.url + "/-/ready", lambda: self.proc.poll() is None, timeout)
-        if ready is None:
-            raise PrometheusError(f"prometheus exited with {self.proc.returncode}: "
-                                  f"{self._log_tail()}")
-        if not ready:
-            self.stop()
-            raise PrometheusError(f"prometheus not ready after {timeout:g} s: "
-                                  f"{self._log_tail()}")
+        try:
+            self.proc = start_child(
+                [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={self.data}",
+                 f"--web.listen-address=127.0.0.1:{self.port}",
+                 "--storage.tsdb.retention.time=30d"],
+                self.url + "/-/ready", self.workdir / "prometheus.log", timeout)
+        except StackError as exc:
+            raise PrometheusError(str(exc)) from None
 
     def stop(self) -> None:
         """Stop Prometheus (SIGTERM, then SIGKILL after 20 s)."""
-        if self.proc is None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        stop_child(self.proc)
         self.proc = None
 
     def restart(self) -> None:
         """Stop and start again (a new port): Prometheus loads blocks added meanwhile."""
         self.stop()
         self.start()
-
-    def _log_tail(self) -> str:
-        path = self.workdir / "prometheus.log"
-        return path.read_text(errors="replace")[-2000:] if path.exists() else ""
 
     def __enter__(self) -> LocalPrometheus:
         return self

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from support import free_port
 from argus_core.schema import parse_record
 from argus_core.simulate import simulate
 from argus_core.simulate.model import SimConfig
-from argus_core.stack.processes import poll_ready
+from argus_core.stack.processes import start_child, stop_child
 from argus_core.trace import Trace, TraceBuilder
 
 
@@ -53,26 +54,13 @@ class MotoServer:
 
     def start(self, timeout: float = 30.0) -> None:
         """Start the server and wait until it answers HTTP."""
-        self.proc = subprocess.Popen(
-            [str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        ready = poll_ready(self.url + "/", lambda: self.proc.poll() is None, timeout, 0.05)
-        if ready is None:
-            raise RuntimeError(f"moto_server exited with {self.proc.returncode}")
-        if not ready:
-            self.stop()
-            raise RuntimeError(f"moto_server did not answer on port {self.port}")
+        log = Path(tempfile.gettempdir()) / f"argus-tests-moto-{self.port}.log"
+        self.proc = start_child([str(MOTO_SERVER), "-H", "127.0.0.1", "-p", str(self.port)],
+                                self.url + "/", log, timeout, 0.05)
 
     def stop(self) -> None:
         """Stop the server (its buckets and objects are gone afterwards)."""
-        if self.proc is None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        stop_child(self.proc, 10)
         self.proc = None
 
     def restart(self) -> None:

@@ -26,6 +26,7 @@ from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import (
 )
 
 from argus_core.processor import perfetto as pf
+from argus_core.processor import perfetto_packets as packets
 from argus_core.processor.perfetto import (
     GzipWriter,
     TraceWriter,
@@ -377,14 +378,14 @@ def test_gzip_writer_sync_leaves_a_readable_prefix(tmp_path: Path):
 def test_varint_matches_protobuf(value: int):
     reference = TracePacket(timestamp=value).SerializeToString()
     assert reference[0] == 8 << 3  # TracePacket.timestamp: field 8, varint
-    assert pf.encode_varints([value]) == [reference[1:]]
+    assert packets.encode_varints([value]) == [reference[1:]]
 
 
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=40))
 def test_varints_match_protobuf_for_any_values(values: list[int]):
     expected = [TracePacket(timestamp=v).SerializeToString()[1:] for v in values]
-    assert pf.encode_varints(values) == expected
+    assert packets.encode_varints(values) == expected
 
 
 def test_field_numbers_come_from_the_descriptors():
@@ -393,9 +394,11 @@ def test_field_numbers_come_from_the_descriptors():
                                        "sequence_flags", "interned_data")] == [8, 10, 11, 13, 12]
     event = TrackEvent.DESCRIPTOR.fields_by_name
     assert [event[n].number for n in ("type", "name_iid", "track_uuid")] == [9, 10, 11]
-    assert (pf._T_TIMESTAMP, pf._T_SEQUENCE_ID, pf._T_TRACK_EVENT, pf._T_SEQUENCE_FLAGS) == (
+    assert (packets._T_TIMESTAMP, packets._T_SEQUENCE_ID, packets._T_TRACK_EVENT,
+            packets._T_SEQUENCE_FLAGS) == (
         8 << 3, 10 << 3, 11 << 3 | 2, 13 << 3)
-    assert (pf._T_TYPE, pf._T_NAME_IID, pf._T_TRACK_UUID, pf._T_PACKET) == (
+    assert (packets._T_TYPE, packets._T_NAME_IID, packets._T_TRACK_UUID,
+            packets._T_PACKET) == (
         9 << 3, 10 << 3, 11 << 3, 1 << 3 | 2)
 
 

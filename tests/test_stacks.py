@@ -18,13 +18,8 @@ from argus_core.schema import StackRecord, parse_record
 from argus_exporters.config import Settings
 from argus_exporters.health import Health
 from argus_exporters.identity import RankIdentity
-from argus_exporters.stacks import (
-    StackProbe,
-    find_py_spy,
-    format_frame,
-    parse_json_dump,
-    parse_text_dump,
-)
+from argus_exporters.pyspy import find_py_spy, format_frame, parse_json_dump, parse_text_dump
+from argus_exporters.stacks import StackProbe
 
 IDENTITY = RankIdentity(job="j", rank=3, world_size=8, local_rank=3, host="h",
                         coords={"dp": 3, "tp": 0, "pp": 0, "ep": 0})

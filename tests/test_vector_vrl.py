@@ -44,7 +44,8 @@ KINDS = ("rank", "step", "kernels", "stack")
 ROUTE_OF = {"rank": "ranks", "step": "steps", "kernels": "kernels", "stack": "stacks"}
 # Fields whose values the agent checks only at the top level; the processor checks their
 # elements (and names them: phases.x, name[3]...).
-ELEMENT_CHECKED = {"phases", "peers", "coords", "names", "name", "stream", "start_ns", "dur_ns", "frames"}
+ELEMENT_CHECKED = {"phases", "peers", "coords", "names", "name", "stream", "start_ns", "dur_ns",
+                   "frames"}
 
 
 @pytest.fixture(scope="module")

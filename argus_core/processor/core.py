@@ -13,6 +13,9 @@ windows' writer state, the writer's queue, rank state, summaries, bodies being r
 intake answers 503 with Retry-After (Vector retries), and past half of it everything a window
 holds goes to the writer at once. Rank state and summaries are forgotten ``state_ttl_s`` after
 a rank's last record.
+
+One module past 500 lines on purpose: intake, the memory budget and window closing share one
+lock and one set of invariants (what a 2xx promises), which a split would spread over files.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ An attack or an outage repeats the same message many times (273,000 tracebacks, 
 for one slow-loris flood). :class:`RateLimit` lets the first ``burst`` records of each
 (logger, message, exception type) through per ``interval_s``, then holds the rest and adds
 "(N similar suppressed)" to the next one that passes; a held record's traceback is never
-formatted.
+formatted. ``rate_limited`` gives a module a logger of its own behind such a limit (the
+upload spool's warnings, which a full disk or a dead store would repeat for every window).
 """
 
 from __future__ import annotations
@@ -51,6 +52,16 @@ class RateLimit(logging.Filter):
             slot[2] += 1
             self.suppressed += 1
             return False
+
+
+def rate_limited(logger: logging.Logger, interval_s: float = 30.0,
+                 burst: int = 1) -> logging.Logger:
+    """A child of ``logger`` that passes ``burst`` records of each kind per ``interval_s``
+    and counts the rest into the next one, whatever handlers the process configured."""
+    child = logger.getChild("limited")
+    if not any(isinstance(f, RateLimit) for f in child.filters):
+        child.addFilter(RateLimit(interval_s, burst))
+    return child
 
 
 def configure_logging(level: int = logging.INFO, limit: RateLimit | None = None,

@@ -135,6 +135,37 @@ def poll_ready(url: str, alive: Callable[[], bool], timeout: float,
     return False
 
 
+def start_child(argv: list[str], ready_url: str, log_path: Path, timeout: float = 60.0,
+                poll_s: float = 0.1) -> subprocess.Popen:
+    """Start a server binary as a child of this process, its output appended to
+    ``log_path``, and wait until ``ready_url`` answers 2xx; raise StackError with the log's
+    tail when it exits first or time runs out (then it is stopped). For throwaway servers
+    (tests, benchmarks, a preview's Prometheus); the stack's own components use ``start``."""
+    with open(log_path, "ab") as log:
+        child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    ready = poll_ready(ready_url, lambda: child.poll() is None, timeout, poll_s)
+    if ready is None:
+        raise StackError(f"{Path(argv[0]).name} exited with {child.returncode}:\n"
+                         f"{_tail(str(log_path))}")
+    if not ready:
+        stop_child(child)
+        raise StackError(f"{Path(argv[0]).name} did not answer {ready_url} within "
+                         f"{timeout:g} s:\n{_tail(str(log_path))}")
+    return child
+
+
+def stop_child(child: subprocess.Popen | None, timeout: float = 20.0) -> None:
+    """Stop a child started by ``start_child``: SIGTERM, then SIGKILL after ``timeout``."""
+    if child is None or child.poll() is not None:
+        return
+    child.terminate()
+    try:
+        child.wait(timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait(10)
+
+
 def wait_ready(process: Process, url: str, timeout: float = 60.0) -> None:
     """Poll ``url`` until it answers 2xx; raise with the log's tail if the process dies or
     time runs out."""

@@ -24,6 +24,10 @@ are counted, never waited for (``argus_exporter_dropped_records_total{reason}``)
 Another CUPTI client (nsys/ncu, torch.profiler, torch's CUPTI monitor) makes the probe ``busy``
 for the rest of the process; torch.profiler is caught when it *prepares*, before its warm-up
 (``profilers.watch_profiler_prepare``). A forked child never touches CUPTI.
+
+One module past 500 lines on purpose: CUPTI's enable, buffer callbacks, flush and teardown
+are one state machine whose order matters; the buffer decode and the duty schedule live in
+their own modules.
 """
 
 from __future__ import annotations

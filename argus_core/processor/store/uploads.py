@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from argus_core.processor.logs import rate_limited
 from argus_core.processor.store.stores import (
     TMP_PREFIX,
     TraceStore,
@@ -60,27 +61,6 @@ class _Spooled:
     key: str = field(compare=False)
     size: int = field(compare=False)
     sidecar: Path | None = field(compare=False, default=None)
-
-
-class _EveryFewSeconds:
-    """Rate-limits a warning: logs at most once per interval, with the count it held back."""
-
-    def __init__(self, interval_s: float = 30.0):
-        self.interval_s = interval_s
-        self._last = -float("inf")
-        self._held = 0
-        self._lock = threading.Lock()
-
-    def warning(self, message: str, *args: object) -> None:
-        """Log the warning now, or count it for the next one."""
-        with self._lock:
-            now = time.monotonic()
-            if now - self._last < self.interval_s:
-                self._held += 1
-                return
-            held, self._held, self._last = self._held, 0, now
-        suffix = f" ({held} similar message(s) suppressed)" if held else ""
-        log.warning(message + suffix, *args)
 
 
 _SEQ_DIGITS = 20
@@ -131,8 +111,7 @@ class Uploader:
         self._kick = False
         self._stopping = False
         self._closed = False
-        self._drop_log = _EveryFewSeconds()
-        self._fail_log = _EveryFewSeconds()
+        self._drop_log = self._fail_log = rate_limited(log)  # a full disk repeats itself
         self.spool_dir.mkdir(parents=True, exist_ok=True)
         self._lock_fd = _lock_dir(self.spool_dir)
         try:
