@@ -156,3 +156,19 @@ def test_a_real_pipeline_without_a_slow_link_has_no_link_worth_a_verdict(name):
     doc = diagnose(_recording(name)).to_json()
     assert all(f["cost_share"] < 0.02 for f in doc["l2"]["links"])
     assert all("peer" not in v for v in doc["verdict"])
+
+
+def test_a_link_that_slowed_while_the_job_did_not_costs_nothing():
+    """A link's rise is what the job lost only when the job's step rose with it: with a
+    flat iteration time (the link's time hidden behind other work) it is found but costs
+    nothing, so it can make no verdict."""
+    trace = _pipeline(3, slow_link=(1, 2))
+    matrix = step_matrix(trace.steps)
+    l1 = detect_l1(matrix)
+    calm = l1.judged & ~l1.spike_mask
+    flat = np.full(len(matrix.steps), 0.05)
+    found = detect_links(trace.steps, matrix, calm, iteration_s=flat)
+    slow = [f for f in found if {f.sender, f.receiver} == {1, 2}]
+    assert len(slow) == 2 and all(f.excess_s > 0.004 and f.cost_s == 0.0 for f in slow)
+    rising = detect_links(trace.steps, matrix, calm, iteration_s=l1.iteration_s)
+    assert all(f.cost_s > 0.004 for f in rising if {f.sender, f.receiver} == {1, 2})

@@ -510,3 +510,27 @@ def test_a_listen_port_past_65535_is_refused_by_the_command(tmp_path, capsys):
                  "--store", f"file://{tmp_path / 'store'}"])
     assert code == 2
     assert "--listen '127.0.0.1:99999'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("peers", [0, 16, 4096])
+def test_a_step_records_estimate_covers_what_it_holds(peers):
+    """The memory budget counts a step record at least at the bytes it takes once parsed,
+    however many (phase, peer) entries it names (the schema allows 4,096)."""
+    import tracemalloc
+
+    from argus_core.processor.memory import step_bytes
+    from argus_core.schema import parse_record
+
+    record = {"v": 1, "kind": "step", "job": "j", "rank": 0, "step": 1, "t_ns": 10**18,
+              "wall_s": 1.0, "phases": {f"phase-{i}": 0.001 for i in range(64)}}
+    record["phases"]["pp-send"] = 1.0
+    if peers:
+        record["peers"] = {"pp-send": {str(i): {"s": 1e-4, "n": 1, "min_s": 1e-4}
+                                       for i in range(1, peers + 1)}}
+    tracemalloc.start()
+    try:
+        parsed = parse_record(record)
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert step_bytes(parsed) >= held

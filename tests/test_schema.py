@@ -383,3 +383,14 @@ def test_kernels_batch_round_trips_columns_exactly(case):
         array = getattr(batch, column)
         assert np.issubdtype(array.dtype, np.integer)
         assert array.tolist() == rec[column], column
+
+
+def test_the_exporters_check_identities_against_the_schemas_own_bounds():
+    """argus_exporters imports nothing of argus_core (it goes into training images), so it
+    keeps copies of schema v1's bounds and axes: they must be the schema's, or a rank the
+    exporter accepts would be refused by the processor."""
+    from argus_core import schema
+    from argus_exporters import identity
+
+    assert (identity.MAX_RANK, identity.MAX_TEXT, identity.AXES) == (
+        schema.MAX_RANK, schema.MAX_TEXT, schema.AXES)

@@ -116,8 +116,8 @@ class Diagnosis:
                    "links": [{"from": f.sender, "to": f.receiver, "axis": f.axis,
                               "step": f.onset, "ratio": _num(f.ratio, 2), "z": _num(f.z, 1),
                               "before_s": _num(f.before_s, 6), "after_s": _num(f.after_s, 6),
-                              **_cost_json(cost_of(f.excess_s, steps_from(f.onset,
-                                                                          self.context),
+                              **_cost_json(cost_of(f.cost_s, steps_from(f.onset,
+                                                                        self.context),
                                                    self.context))}
                              for f in self.links]},
             "l3": {"stragglers": [{"rank": f.rank, "kernel": f.kernel, "stream": f.stream,
@@ -183,7 +183,7 @@ def diagnose(trace: Trace, config: DiagnoseConfig | None = None) -> Diagnosis:
                          int(matrix.steps[-1]) if len(matrix.steps) else None,
                          bool(len(trace.kernels)) or bool((trace.steps.gpu_t_ns >= 0).any()))
     host = (detect_host(matrix, times, calm, step_s, config.host) if step_s else [])
-    links = detect_links(trace.steps, matrix, calm, config.links)
+    links = detect_links(trace.steps, matrix, calm, config.links, l1.iteration_s)
     minor: list[Verdict] = []
     verdicts = build_verdicts(l1, l2, l3, trace.stacks, matrix.t_ns, host, context,
                               config.verdict, minor, links)

@@ -15,9 +15,12 @@ message of a step on either end waited least. So the link's own time in a step i
 
 Pipelines' links need not carry alike messages (Argus does not know their sizes), so each
 link is judged against its own history: an upward shift of its log time (a CUSUM split, in
-units of the link's step-to-step noise, beyond the family-wise z for every link and split
-point), by at least ``min_ratio`` in the medians; the verdict then needs its cost above the
-floor. A link slow from its first judged step has no history to stand out from, and a link
+units of the link's step-to-step noise widened by its drift: links on a busy host change pace
+for several steps at a time, beyond the family-wise z for every link and split point), by at
+least ``min_ratio`` in the medians. What it costs the job is what the job lost: the link's
+rise a step, at most the rise of the job's own step (its slowest rank's) across the same
+onset; a link that slowed while the job did not costs nothing, and the verdict needs its cost
+above the floor. A link slow from its first judged step has no history to stand out from, and a link
 of which only some messages slow down (the shortest stays fast) is not found here.
 
 Links need both ends recorded with their peers (``argus_exporters`` names the peer of every
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from argus_core.detect.steps import StepMatrix
-from argus_core.stats.changepoint import row_noise, upward_shifts
+from argus_core.stats.changepoint import drift_noise_scale, row_noise, upward_shifts
 from argus_core.stats.robust import family_z
 from argus_core.taxonomy import phase_axis, phase_op
 from argus_core.trace import StepTable
@@ -63,6 +66,7 @@ class LinkFinding:
     before_s: float  # the link's median time a step before the onset
     after_s: float  # ... and from it on
     z: float
+    job_rise_s: float = float("inf")  # how much the job's step rose across the onset
 
     @property
     def ratio(self) -> float:
@@ -71,8 +75,13 @@ class LinkFinding:
 
     @property
     def excess_s(self) -> float:
-        """Seconds a step the link costs more than before."""
+        """Seconds a step the link takes more than before."""
         return max(self.after_s - self.before_s, 0.0)
+
+    @property
+    def cost_s(self) -> float:
+        """Seconds a step the job lost to it: its excess, at most the job's own rise."""
+        return min(self.excess_s, max(self.job_rise_s, 0.0))
 
 
 @dataclass(frozen=True)
@@ -124,8 +133,10 @@ def link_times(table: StepTable, matrix: StepMatrix) -> LinkTimes:
 
 
 def detect_links(table: StepTable, matrix: StepMatrix, calm: np.ndarray,
-                 config: LinkConfig | None = None) -> list[LinkFinding]:
-    """Links whose own time rose significantly during the judged (``calm``) steps."""
+                 config: LinkConfig | None = None,
+                 iteration_s: np.ndarray | None = None) -> list[LinkFinding]:
+    """Links whose own time rose significantly during the judged (``calm``) steps;
+    ``iteration_s`` (the job's step time, per step of the matrix) bounds what each costs."""
     config = config or LinkConfig()
     times = link_times(table, matrix)
     if not len(times.sender) or calm.sum() < 2 * config.min_segment:
@@ -140,6 +151,7 @@ def detect_links(table: StepTable, matrix: StepMatrix, calm: np.ndarray,
     fill = np.nanmedian(y, axis=1)  # a step missing an end counts as the link's usual time
     y = np.where(np.isfinite(y), y, fill[:, None])
     sigma = row_noise(y, config.noise_floor)
+    sigma = np.array([drift_noise_scale(row, s) for row, s in zip(y, sigma, strict=True)])
     onset, stat = upward_shifts(y, config.min_segment, sigma)
     n_splits = max(y.shape[1] - 2 * config.min_segment + 1, 1)
     z_family = max(config.z_threshold, family_z(len(rows) * n_splits, config.alpha))
@@ -148,9 +160,13 @@ def detect_links(table: StepTable, matrix: StepMatrix, calm: np.ndarray,
         row, split = rows[i], int(onset[i])
         raw = np.where(np.isfinite(seconds[row]), seconds[row], np.exp(fill[i]))
         before, after = float(np.median(raw[:split])), float(np.median(raw[split:]))
+        rise = float("inf")
+        if iteration_s is not None:
+            job = iteration_s[calm]
+            rise = float(np.nanmedian(job[split:]) - np.nanmedian(job[:split]))
         finding = LinkFinding(int(times.sender[row]), int(times.receiver[row]),
                               times.axis[row], int(steps[split]), before, after,
-                              float(stat[i]))
+                              float(stat[i]), rise)
         if finding.ratio >= config.min_ratio:
             found.append(finding)
     return sorted(found, key=lambda f: (f.sender, f.receiver))

@@ -121,7 +121,7 @@ def build_verdicts(l1: L1Result, l2: L2Result, l3: list[KernelFinding],
     job_onset = l1.regressions[-1][0] if l1.regressions else None
     links_by_rank = defaultdict(list)
     for link in links or []:  # each link worth acting on by itself
-        if context.step_s and link.excess_s < config.min_cost_share * context.step_s:
+        if context.step_s and link.cost_s < config.min_cost_share * context.step_s:
             continue
         links_by_rank[link.sender].append(link)
         links_by_rank[link.receiver].append(link)
@@ -304,8 +304,8 @@ def _link_verdict(rank: int, links: list[LinkFinding], context: JobContext) -> V
     text = (f"its {axis}link with rank {peer} slowed ({'; '.join(parts)}), the sends and recvs "
             f"at both ends alike: neither rank is late, the data is slow to cross: suspect the "
             f"link, NIC or switch between ranks {ranks_text((rank, peer))}")
-    cost = cost_of(sum(f.excess_s for f in links), steps_from(
-        min(f.onset for f in links), context), context)
+    lost = min(sum(f.excess_s for f in links), max(max(f.job_rise_s, 0.0) for f in links))
+    cost = cost_of(lost, steps_from(min(f.onset for f in links), context), context)
     return Verdict(rank, "communication", text, cost, peer)
 
 

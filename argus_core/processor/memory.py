@@ -28,8 +28,10 @@ FLOOR_BYTES = 300
 
 
 def step_bytes(step: StepRecord) -> int:
-    """Estimated bytes of one parsed step record."""
-    return 250 + sum(80 + len(name) for name in step.phases)
+    """Estimated bytes of one parsed step record (its phases, and its peers: up to 4,096
+    (phase, peer) entries, each a dict slot and a PeerTime)."""
+    peers = sum(100 + 180 * len(by_peer) for by_peer in step.peers.values()) if step.peers else 0
+    return 250 + sum(80 + len(name) for name in step.phases) + peers
 
 
 def stack_bytes(stack: StackRecord) -> int:

@@ -70,7 +70,7 @@ def render(diagnosis: Diagnosis, console: Console, rejected: int = 0) -> None:
                       f"other ranks' ({f.share:.1%} of the step, robust z {f.z:.1f})")
     small = 0
     for f in d.links:  # point-to-point links whose own time rose
-        cost = d.l2_cost(f.excess_s, f.onset)
+        cost = d.l2_cost(f.cost_s, f.onset)
         if cost.share is not None and cost.share < d.cost_floor:
             small += 1
             continue

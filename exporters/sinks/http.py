@@ -47,7 +47,8 @@ RETRIED_STATUSES = (429, 503)
 NO_CONNECTION = "connection"  # the retry label of a receiver that could not be reached
 _ANSWER_LOGGED_CHARS = 500  # of a refusal's body, in the training log
 MAX_ANSWER_BYTES = 4096  # of any answer, read; the rest is never read
-_ANSWER_LOG_EVERY_S = 60.0  # the same refusal is logged again at most this often
+_ANSWER_LOG_EVERY_S = 60.0  # the same refusal is logged again at most this often (its own
+# limit: argus_exporters imports nothing of argus_core, whose processor.logs.RateLimit this is)
 
 logger = logging.getLogger("argus_exporters")
 _BACKOFF_FIRST_S = 0.5  # without Retry-After: 0.5, 1, 2, 4, 8, 8... seconds
