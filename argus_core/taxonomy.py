@@ -27,9 +27,19 @@ def phase_axis(name: str) -> str | None:
     return head if sep and head in AXES else None
 
 
+POINT_TO_POINT_OPS = frozenset({"send", "recv"})
+"""Operations between two ranks, not a whole group: judged per link, never along their axis."""
+
+
 def phase_op(name: str) -> str:
     """The operation a phase names after its last ``-`` (``pp-send`` -> ``send``)."""
     return name.rpartition("-")[2]
+
+
+def is_point_to_point(name: str) -> bool:
+    """True for a send or recv phase (``pp-send``): data between two ranks, whose time
+    depends on the pair (a pipeline stage's position), not on a group all members share."""
+    return phase_op(name) in POINT_TO_POINT_OPS
 
 
 def is_comm_phase(name: str) -> bool:

@@ -66,7 +66,7 @@ from argus_core.schema import AXES
 from argus_core.stats.changepoint import row_noise, upward_shifts
 from argus_core.stats.grouping import dense_ids
 from argus_core.stats.robust import family_z, mad_sigma, nanmedian, t_widening
-from argus_core.taxonomy import is_comm_phase, phase_axis
+from argus_core.taxonomy import is_comm_phase, is_point_to_point, phase_axis
 from argus_core.topology import axis_groups
 
 MIN_SECONDS = 1e-6  # phase times below 1 us are measurement noise
@@ -221,8 +221,8 @@ def detect_l2(matrix: StepMatrix, coords: np.ndarray, steady: np.ndarray,
         if axis == "pp" and stage_class is not None and not config.compare_unlike_stages:
             gid, _ = dense_ids(gid, np.asarray(stage_class, dtype=np.int64))
         compute_cols = np.flatnonzero(~comm)
-        own_cols = np.array([i for i, n in enumerate(names) if phase_axis(n) == axis],
-                            dtype=np.int64)
+        own_cols = np.array([i for i, n in enumerate(names) if phase_axis(n) == axis
+                             and not is_point_to_point(n)], dtype=np.int64)
         if len(compute_cols):
             stats += _rank_stats(log_t, slack, matrix, gid, compute_cols, axis, "compute",
                                  config, onset_z, p_family, window_noise=window_noise)

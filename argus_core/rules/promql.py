@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from argus_core.schema import AXES
-from argus_core.taxonomy import _COMM_WORDS
+from argus_core.taxonomy import _COMM_WORDS, POINT_TO_POINT_OPS
 
 # A phase is communication when it is axis-prefixed (``dp-allreduce``) or named after a
 # collective: the same test as argus_core.taxonomy.is_comm_phase, as one RE2 regex (PromQL
@@ -30,6 +30,12 @@ def axis_phases(axis: str) -> str:
 def all_axis_phases() -> str:
     """Matcher for every axis's collectives (``{axis}-...``)."""
     return f'phase=~"({"|".join(AXES)})-.*"'
+
+
+def not_point_to_point() -> str:
+    """Matcher leaving out send and recv phases (``pp-send``): L2 never compares them along
+    their axis (argus_core.taxonomy.is_point_to_point)."""
+    return f'phase!~".*-({"|".join(sorted(POINT_TO_POINT_OPS))})"'
 
 
 def other_axes(axis: str) -> list[str]:

@@ -60,7 +60,14 @@ from __future__ import annotations
 import math
 
 from argus_core.rules.config import L2_PROMQL, RulesConfig, format_duration
-from argus_core.rules.promql import all_axis_phases, compute_phases, group_labels, indent, select
+from argus_core.rules.promql import (
+    all_axis_phases,
+    compute_phases,
+    group_labels,
+    indent,
+    not_point_to_point,
+    select,
+)
 from argus_core.schema import AXES
 from argus_core.stats.robust import MAD_TO_SIGMA
 
@@ -314,10 +321,12 @@ def family_rules(config: RulesConfig) -> list[dict]:
     """N, the number of statistics the core's L2 judges in the job, and the family-wise z.
 
     Per axis: compute phases of ranks in groups of two or more, the axis's own collectives
-    (``{axis}-*``) of ranks in groups of three or more, and one statistic per group and
-    collective when the axis has three groups or more (and more than one position)."""
+    (``{axis}-*`` but sends and recvs) of ranks in groups of three or more, and one statistic
+    per group and collective when the axis has three groups or more (and more than one
+    position)."""
     sel = config.selectors.exporters
-    collectives = select("argus_phase_window_seconds", STAT_MEDIAN, all_axis_phases(), sel)
+    collectives = select("argus_phase_window_seconds", STAT_MEDIAN, all_axis_phases(),
+                         not_point_to_point(), sel)
     parts = []
     for axis in AXES:
         sizes = f"axis_group:argus_ranks:count{on_axis(axis)}"
