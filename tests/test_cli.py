@@ -177,7 +177,7 @@ def test_diagnose_json_has_exactly_the_design_top_level_keys(straggler_doc):
     assert straggler_doc["not_judged"] == []
     assert straggler_doc["job"] == "compute-straggler"
     assert set(straggler_doc["l1"]) == {"spikes", "regressions"}
-    assert set(straggler_doc["l2"]) == {"stragglers", "host"}
+    assert set(straggler_doc["l2"]) == {"stragglers", "host", "links"}
     assert set(straggler_doc["l3"]) == {"stragglers"}
     assert isinstance(straggler_doc["verdict"], list)
 
@@ -233,7 +233,7 @@ def test_diagnose_json_of_healthy_run_has_empty_lists(tmp_path, capsys):
     write_records(simulate(CASES["healthy"].config(seed=0, steps=STEPS)), tmp_path)
     doc = diagnose_json(capsys, str(tmp_path))
     assert doc["l1"] == {"spikes": [], "regressions": []}
-    assert doc["l2"] == {"stragglers": [], "host": []}
+    assert doc["l2"] == {"stragglers": [], "host": [], "links": []}
     assert doc["l3"] == {"stragglers": []}
     assert doc["verdict"] == [] and doc["minor"] == []
 
