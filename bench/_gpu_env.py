@@ -95,7 +95,8 @@ class Deadline:
 
 
 def free_port() -> int:
-    """A TCP port free on loopback now."""
+    """A TCP port free on loopback now (argus_core's ``free_port`` is not importable on the
+    device machine, which has only the carried wheels)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import importlib
 import inspect
 import json
 import os
@@ -149,6 +150,7 @@ BUCKETS = 4  # DDP-like gradient buckets inside backward: one span phase, dp-all
 # training thread ((104 - 89) us / 8 marks for the old probe's phases with its resolver parked,
 # less ~0.9 us of its Python bookkeeping a mark).
 MARK_US, QUERY_US, ELAPSED_US = 1.0, 3.8, 3.8
+STANDIN_SOURCE = Path(__file__).resolve().parent / "standin_cudart.c"
 
 
 def _spin(us: float) -> None:
@@ -159,17 +161,24 @@ def _spin(us: float) -> None:
             pass
 
 
+STAMPS = 1 << 16  # events a stand-in CUDA can make (their timestamps, shared with C)
+
+
 class StandInCuda:
     """A ``torch`` whose ``cuda`` has CudaClock's call pattern and calibrated costs: events
     record (``mark_us``), query (``query_us``) and elapse (``elapsed_us``) by spinning with the
     GIL held, as torch's methods do; the device runs each event when it is recorded. Each
-    event has a raw handle (``cuda_event``) that ``StandInCudart`` reads."""
+    event has a raw handle (``cuda_event``, an index into ``stamps``, its record time in ns)
+    that ``stand_in_cudart`` reads."""
 
     def __init__(self, mark_us: float, query_us: float, elapsed_us: float):
         outer = self
         self.handles: dict[int, Any] = {}
+        self.stamps = (ctypes.c_longlong * STAMPS)()
         self.records = 0  # Event.record calls (training thread)
-        self.reads = 0  # query / elapsed_time calls, through torch or the runtime
+        self.python_reads = 0  # query / elapsed_time calls through torch or a Python runtime
+        self.c_reads: Any = None  # the C runtime's call counter, once one is made
+        stamps = self.stamps
 
         class Stream:
             cuda_stream = 7
@@ -182,21 +191,23 @@ class StandInCuda:
         class Event:
             def __init__(self, enable_timing: bool = True):
                 self.t = 0
-                self.cuda_event = 0x1000 + len(outer.handles)
+                self.cuda_event = len(outer.handles) + 1
+                if self.cuda_event >= STAMPS:
+                    raise RuntimeError("the stand-in CUDA ran out of events")
                 outer.handles[self.cuda_event] = self
 
             def record(self, stream=None) -> None:
                 outer.records += 1
                 _spin(mark_us)
-                self.t = time.perf_counter_ns()
+                self.t = stamps[self.cuda_event] = time.perf_counter_ns()
 
             def query(self) -> bool:
-                outer.reads += 1
+                outer.python_reads += 1
                 _spin(query_us)
                 return True
 
             def elapsed_time(self, end) -> float:
-                outer.reads += 1
+                outer.python_reads += 1
                 _spin(elapsed_us)
                 return (end.t - self.t) * 1e-6
 
@@ -207,22 +218,44 @@ class StandInCuda:
                                           current_stream=lambda: default,
                                           current_device=lambda: 0)
 
+    @property
+    def reads(self) -> int:
+        """Event reads so far, through torch's methods or the runtime."""
+        return self.python_reads + (self.c_reads.value if self.c_reads is not None else 0)
+
 
 def stand_in_cudart(cuda: StandInCuda) -> Any:
-    """A CUDA runtime for ``CudartEvents`` over ``cuda``'s events: each call makes one real
-    ctypes call that releases the GIL (libc ``labs``, for the driver's time) and reads the
-    stand-in event in Python (more GIL than a real ctypes call into libcudart: conservative)."""
+    """A CUDA runtime for ``CudartEvents`` over ``cuda``'s events: ``standin_cudart.c`` built
+    with the exporters' native builder (C functions, so the bulk event reader can call them;
+    each ctypes call releases the GIL as a call into libcudart does), or, without a compiler,
+    Python functions that each make one real ctypes call releasing the GIL (libc ``labs``)."""
+    try:  # the module (the package's own ``build`` is its function)
+        native = importlib.import_module("argus_exporters._native.build")
+    except ImportError:  # exporters from before the native builder
+        native = None
+    try:
+        if native is None:
+            raise OSError("this tree's exporters have no native builder")
+        with tempfile.TemporaryDirectory() as out:
+            path = native.build(Path(out), os.environ, STANDIN_SOURCE)
+            library = ctypes.CDLL(str(path))
+    except (OSError, RuntimeError) as exc:  # no compiler here (ShimUnavailableError)
+        print(f"stand-in runtime in Python ({exc})", file=sys.stderr)
+    else:
+        library.argus_standin_bind(cuda.stamps)
+        cuda.c_reads = ctypes.c_long.in_dll(library, "argus_standin_reads")
+        return library
     labs = ctypes.CDLL(None).labs
     labs.argtypes, labs.restype = [ctypes.c_long], ctypes.c_long
     handles = cuda.handles
 
     def cudaEventQuery(handle: int) -> int:  # noqa: N802  (the runtime's names)
-        cuda.reads += 1
+        cuda.python_reads += 1
         labs(handle)
         return 0
 
     def cudaEventElapsedTime(ms: Any, start: int, end: int) -> int:  # noqa: N802
-        cuda.reads += 1
+        cuda.python_reads += 1
         labs(start)
         ms._obj.value = (handles[end].t - handles[start].t) * 1e-6
         return 0
@@ -309,6 +342,7 @@ def probe_cost(pairs: int, steps: int, buckets: int = BUCKETS, mark_us: float = 
             gil.append((_thread_cpu(resolver) - r0) / steps * 1e6)
             extra.append((on - base) / steps * 1e6)
         records, reads = cuda.records - records0, cuda.reads - reads0
+        bulk = getattr(clock.reader, "_bulk", None) is not None
         shipped = tracer.health.records_shipped
         tracer.shutdown()
     calls = 2 * 3 + 2 * buckets + 1  # begin/end of forward, backward, optimizer, buckets; step
@@ -322,7 +356,8 @@ def probe_cost(pairs: int, steps: int, buckets: int = BUCKETS, mark_us: float = 
                                              float(np.percentile(gil, 75))],
             "probe_event_records_per_step": records / (steps * pairs),
             "probe_event_reads_per_step": reads / (steps * pairs),
-            "probe_reader": reader, "probe_steps": steps, "probe_pairs": pairs,
+            "probe_reader": reader, "probe_bulk_reader": bulk, "probe_steps": steps,
+            "probe_pairs": pairs,
             "probe_buckets": buckets, "probe_calls_per_step": calls,
             "probe_costs_us": {"mark": mark_us, "query": query_us, "elapsed": elapsed_us},
             "probe_records": shipped}

@@ -60,12 +60,20 @@ fi
 
 # 2. the CUPTI callback shim (torch 2.11 has no native callbacks)
 SHIM_ERR=$OUT/shim_build.txt
-if SHIM=$("$PY" exporters/_native/build.py --out /tmp/argus-shim 2>"$SHIM_ERR"); then
+if SHIM=$("$PY" exporters/_native/build.py --only shim --out /tmp/argus-shim 2>"$SHIM_ERR"); then
     export ARGUS_CUPTI_SHIM=$SHIM
     say "shim: $SHIM"
 else
     SHIM=""
     say "shim build failed: $(cat "$SHIM_ERR")"
+fi
+# the phase probe's bulk event reader (without it the resolver reads one event a call)
+if EVENTS_LIB=$("$PY" exporters/_native/build.py --only events --out /tmp/argus-shim \
+                2>"$SHIM_ERR"); then
+    export ARGUS_EVENTS_LIB=$EVENTS_LIB
+    say "event reader: $EVENTS_LIB"
+else
+    say "event reader build failed: $(cat "$SHIM_ERR")"
 fi
 rm -f "$SHIM_ERR"
 

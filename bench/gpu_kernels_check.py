@@ -39,6 +39,9 @@ and writes it to ``--out`` (default ``$OUT/gpu_kernels_check.json`` when ``OUT``
 Exit 0 ok, 1 not ok, 2 no GPU (with ``{"ok": false, "error": ...}``). ``--dry-run`` needs no
 GPU: each child only imports the probe from this checkout and picks its callbacks (building
 the shim), which CI runs.
+
+One script past 500 lines on purpose: it runs on the device machine from a plain checkout
+(standard library and torch only), so its parts cannot share helpers with argus_core.
 """
 
 from __future__ import annotations

@@ -35,6 +35,9 @@ processor. Before the load, one ``--big-body-mb`` (60) MB NDJSON body is posted 
 probed every 10 ms (``big_body_healthz_*``: a 63 MB body used to block /healthz for 4.5 s).
 Baseline in the same run: the first half's RSS (before the kill) against the second half's,
 and /healthz latency of an idle processor measured before the load starts.
+
+One script past 500 lines on purpose: the load, the slow-loris clients, the kill and the
+probes of /healthz and RSS run together, on one clock.
 """
 
 from __future__ import annotations

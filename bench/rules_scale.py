@@ -33,6 +33,9 @@ both (and the query): report their sum.
 ``--query-kernels`` kernels (as the processor exposes them); ``scorer_query_seconds`` is the
 scorer's real fetch of one job through the HTTP API and ``scorer_fetched_series`` what it
 fetched (the full 100 kernels would need ~6 M series in one Prometheus, beyond this machine).
+
+One script past 500 lines on purpose: the synthetic exporter, the engine's start and the
+scorer's measurement share their scale settings and run as one benchmark.
 """
 
 from __future__ import annotations

@@ -2,12 +2,14 @@
 
 A mark is taken at each phase edge. CUDA marks come from a pre-allocated pool, are recorded on
 the stream the work runs on, and are read lazily by the resolver thread, in bulk
-(``ready_all``, ``offsets``): the training thread never synchronises. Reading goes through
+(``ready_count``, ``offsets_many``, ``epochs_many``): the training thread never synchronises.
+Reading goes through
 ``cudaEventQuery`` / ``cudaEventElapsedTime`` called with ctypes on the events' raw handles
 (``CudartEvents``: the GIL is released during each call, so the resolver never holds it for
-the driver's time), or through torch's event methods when libcudart cannot be loaded
-(``TorchEvents``, which hold the GIL). On a machine without CUDA, marks are host
-``perf_counter_ns`` values, so the same code path runs in CI.
+the driver's time; a batch of reads is one call into the bulk event reader,
+``_native/events.c``, when it can be built or was prebuilt), or through torch's event
+methods when libcudart cannot be loaded (``TorchEvents``, which hold the GIL). On a machine
+without CUDA, marks are host ``perf_counter_ns`` values, so the same code path runs in CI.
 
 Device marks also have an epoch time (``epoch_ns``) on the clock of CUPTI's kernel timestamps
 (CLOCK_REALTIME in CUPTI 13): an *anchor* event is recorded on an idle stream of its own,
@@ -20,6 +22,7 @@ milliseconds: ~1 us resolution over 10 s, ~60 us over 1,000 s).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import threading
@@ -46,8 +49,14 @@ class Clock(Protocol):
     def ready_all(self, marks: list[Any]) -> bool:
         """Whether every mark has completed (never blocks)."""
 
+    def ready_count(self, marks: list[Any]) -> int:
+        """How many of ``marks`` have completed, counted up to the first that has not."""
+
     def offsets(self, marks: list[Any]) -> list[float]:
         """Seconds from ``marks[0]`` to each of the completed ``marks``."""
+
+    def offsets_many(self, groups: list[list[Any]]) -> list[list[float]]:
+        """``offsets`` of each list of completed marks, read in one batch where it can."""
 
     def seconds(self, start: Any, end: Any) -> float:
         """Seconds between two completed marks."""
@@ -66,6 +75,9 @@ class Clock(Protocol):
 
     def epoch_ns(self, mark: Any) -> int | None:
         """Epoch ns at which a completed device mark ran; None for host marks."""
+
+    def epochs_many(self, marks: list[Any]) -> list[int | None]:
+        """``epoch_ns`` of each mark, read in one batch where it can."""
 
 
 class HostClock:
@@ -89,10 +101,18 @@ class HostClock:
         """Host marks are complete when taken."""
         return True
 
+    def ready_count(self, marks: list[int]) -> int:
+        """Host marks are complete when taken."""
+        return len(marks)
+
     def offsets(self, marks: list[int]) -> list[float]:
         """Seconds from ``marks[0]`` to each mark."""
         first = marks[0]
         return [(mark - first) * 1e-9 for mark in marks]
+
+    def offsets_many(self, groups: list[list[int]]) -> list[list[float]]:
+        """``offsets`` of each list."""
+        return [self.offsets(marks) for marks in groups]
 
     def seconds(self, start: int, end: int) -> float:
         """Difference in seconds."""
@@ -119,6 +139,10 @@ class HostClock:
         """Host marks have no device time."""
         return None
 
+    def epochs_many(self, marks: list[int]) -> list[None]:
+        """Host marks have no device time."""
+        return [None] * len(marks)
+
 
 class TorchEvents:
     """Reads ``torch.cuda.Event`` objects through torch's own methods (they hold the GIL
@@ -134,6 +158,22 @@ class TorchEvents:
         """Milliseconds between two completed events (RuntimeError when CUDA refuses)."""
         return start.elapsed_time(end)
 
+    def ready_count(self, events: list[Any]) -> int:
+        """How many of ``events`` have completed, up to the first that has not."""
+        return _ready_count(self.query, events)
+
+    def elapsed_pairs(self, starts: list[Any], ends: list[Any]) -> list[float]:
+        """Milliseconds from each of ``starts`` to the same place in ``ends``."""
+        return [start.elapsed_time(end) for start, end in zip(starts, ends, strict=True)]
+
+
+def _ready_count(query: Callable[[Any], bool], events: list[Any]) -> int:
+    """How many of ``events`` ``query`` says have completed, up to the first that has not."""
+    for i, event in enumerate(events):
+        if not query(event):
+            return i
+    return len(events)
+
 
 CUDA_SUCCESS = 0
 CUDA_ERROR_NOT_READY = 600
@@ -142,13 +182,21 @@ CUDA_ERROR_NOT_READY = 600
 class CudartEvents:
     """Reads events with ``cudaEventQuery`` / ``cudaEventElapsedTime`` through ctypes, on the
     raw handles (``torch.cuda.Event.cuda_event``). ctypes releases the GIL for the length of
-    each call, so the resolver thread holds it only for the Python around the calls (well
-    under a microsecond each) and never for the driver's time."""
+    each call, so the resolver thread holds it only for the Python around the calls and never
+    for the driver's time.
+
+    Batches (``ready_count``, ``elapsed_pairs``) go through the bulk event reader
+    (``_native/events.c``) when it loads: one ctypes call for the whole batch, so the GIL is
+    given up and taken back once, not once per event (each taking back waits for the training
+    thread to let go of it). It is found or built on the first batch, on the reading thread;
+    without it (no compiler, nothing prebuilt, a runtime that is not C) each event is one call.
+    """
 
     releases_gil = True
 
-    def __init__(self, library: Any):
+    def __init__(self, library: Any, bulk: Any = "auto"):
         self.library = library
+        self._bulk_choice = bulk  # "auto": located on the first batch; None: never
         self._query = library.cudaEventQuery
         self._query.argtypes = [ctypes.c_void_p]
         self._query.restype = ctypes.c_int
@@ -162,6 +210,8 @@ class CudartEvents:
         self._set_device = getattr(library, "cudaSetDevice", None)
         self._device: int | None = None
         self._bound = threading.local()  # the device each calling thread was set to
+        self._bulk: Any = None
+        self._query_ptr = self._elapsed_ptr = None
 
     def bind(self, device: int) -> None:
         """The device the events live on: each reading thread is set to it once
@@ -190,6 +240,78 @@ class CudartEvents:
             if code != CUDA_SUCCESS:
                 raise RuntimeError(f"cudaEventElapsedTime failed with CUDA error {code}")
             return self._ms.value
+
+    def _bulk_reader(self) -> Any:
+        """The bulk event reader, located (or built) on the first call; None without one."""
+        choice = self._bulk_choice
+        if choice is None:
+            return self._bulk
+        self._bulk_choice = None
+        functions = (self._query, self._elapsed)
+        if not all(isinstance(f, ctypes._CFuncPtr) for f in functions):
+            return None  # a runtime whose functions are not C cannot be called from C
+        self._bulk = load_bulk_reader() if choice == "auto" else choice
+        if self._bulk is not None:
+            self._query_ptr, self._elapsed_ptr = (ctypes.cast(f, ctypes.c_void_p)
+                                                  for f in functions)
+        return self._bulk
+
+    def ready_count(self, events: list[Any]) -> int:
+        """How many of ``events`` have completed, up to the first that has not: one call."""
+        bulk = self._bulk_reader()
+        if bulk is None:
+            return _ready_count(self.query, events)
+        self._on_device()
+        n = len(events)
+        handles = (ctypes.c_void_p * n)(*[event.cuda_event for event in events])
+        return bulk.argus_events_ready(self._query_ptr, handles, n)
+
+    def elapsed_pairs(self, starts: list[Any], ends: list[Any]) -> list[float]:
+        """Milliseconds from each of ``starts`` to the same place in ``ends``, in one call;
+        RuntimeError with CUDA's code at the first pair it refuses."""
+        bulk = self._bulk_reader()
+        if bulk is None:
+            return [self.elapsed_ms(start, end) for start, end in zip(starts, ends,
+                                                                       strict=True)]
+        self._on_device()
+        n = len(starts)
+        handles = ctypes.c_void_p * n
+        out = (ctypes.c_float * n)()
+        code = ctypes.c_int()
+        done = bulk.argus_events_elapsed(
+            self._elapsed_ptr, handles(*[event.cuda_event for event in starts]),
+            handles(*[event.cuda_event for event in ends]), n, out, ctypes.byref(code))
+        if done < n:
+            raise RuntimeError(f"cudaEventElapsedTime failed with CUDA error {code.value}")
+        return out[:]
+
+
+def load_bulk_reader(env: Any = None) -> Any | None:
+    """The bulk event reader (``_native/events.c``) as a ``ctypes.CDLL`` with its functions
+    typed: ``ARGUS_EVENTS_LIB``, else the cache, else built now; None when it cannot be had
+    (no compiler, an unwritable cache, another ABI)."""
+    from argus_exporters._native.build import (
+        EVENTS_ABI,
+        EVENTS_SOURCE,
+        ShimUnavailableError,
+        locate,
+    )
+
+    try:
+        library = ctypes.CDLL(str(locate(env, EVENTS_SOURCE)))
+        if library.argus_events_abi() != EVENTS_ABI:
+            return None
+    except (ShimUnavailableError, OSError, AttributeError):
+        return None
+    pointer, size = ctypes.c_void_p, ctypes.c_long
+    library.argus_events_ready.argtypes = [pointer, ctypes.POINTER(pointer), size]
+    library.argus_events_ready.restype = size
+    library.argus_events_elapsed.argtypes = [pointer, ctypes.POINTER(pointer),
+                                             ctypes.POINTER(pointer), size,
+                                             ctypes.POINTER(ctypes.c_float),
+                                             ctypes.POINTER(ctypes.c_int)]
+    library.argus_events_elapsed.restype = size
+    return library
 
 
 CUDART_NAMES = ("libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so")
@@ -259,10 +381,17 @@ class CudaClock:
         self._anchors: deque[tuple[Any, int]] = deque(maxlen=keep_anchors)
         self._anchor_lock = threading.Lock()
         self._anchor_done: tuple[Any, int] | None = None  # the newest anchor seen complete
+        # torch.cuda.current_stream() builds a Stream object in Python on every call; the
+        # runtime's raw current stream and device are two cheap C calls, which say whether
+        # the stream last built is still the current one
+        native = getattr(torch_module, "_C", None)
+        self._raw_stream = getattr(native, "_cuda_getCurrentRawStream", None)
+        self._raw_device = getattr(native, "_cuda_getDevice", None)
+        self._current: tuple[int, int, Any] | None = None  # (device, raw handle, Stream)
 
     def mark(self, stream: Any = None):
         """Record a pooled event on ``stream`` (the current stream by default)."""
-        stream = stream if stream is not None else self.torch.cuda.current_stream()
+        stream = stream if stream is not None else self.current_stream()
         if self._anchor_stream is None:  # the first mark: anchor on its device, before it
             self.anchor(getattr(stream, "device", None))
         try:  # pop, not check-then-pop: the resolver thread shares the pool
@@ -274,7 +403,7 @@ class CudaClock:
 
     def remark(self, mark, stream: Any = None):
         """Record ``mark`` again, now (a span's end moving to its latest part): no new event."""
-        mark.record(stream if stream is not None else self.torch.cuda.current_stream())
+        mark.record(stream if stream is not None else self.current_stream())
         return mark
 
     def ready(self, mark) -> bool:
@@ -283,20 +412,42 @@ class CudaClock:
 
     def ready_all(self, marks) -> bool:
         """Whether every event of ``marks`` has completed (stops at the first that has not)."""
-        query = self.reader.query
-        for mark in marks:  # noqa: SIM110  (no generator for the one or two marks it gets)
-            if not query(mark):
-                return False
-        return True
+        return self.ready_count(marks) == len(marks)
+
+    def ready_count(self, marks) -> int:
+        """How many of ``marks`` have completed, up to the first that has not (one batch)."""
+        count = getattr(self.reader, "ready_count", None)
+        return count(marks) if count is not None else _ready_count(self.reader.query, marks)
 
     def seconds(self, start, end) -> float:
         """``elapsed_time`` is in milliseconds."""
         return self.reader.elapsed_ms(start, end) * 1e-3
 
     def offsets(self, marks) -> list[float]:
-        """Seconds from ``marks[0]`` to each of ``marks`` (completed), one call per mark."""
-        elapsed, first = self.reader.elapsed_ms, marks[0]
-        return [0.0, *(elapsed(first, mark) * 1e-3 for mark in marks[1:])]
+        """Seconds from ``marks[0]`` to each of ``marks`` (completed)."""
+        return self.offsets_many([marks])[0]
+
+    def offsets_many(self, groups) -> list[list[float]]:
+        """``offsets`` of each list of completed marks: every elapsed time of the batch read
+        in one call where the reader can (``elapsed_pairs``)."""
+        starts: list[Any] = []
+        ends: list[Any] = []
+        for marks in groups:
+            rest = marks[1:]
+            starts += [marks[0]] * len(rest)
+            ends += rest
+        pairs = getattr(self.reader, "elapsed_pairs", None)
+        if pairs is not None:
+            ms = pairs(starts, ends)
+        else:
+            elapsed = self.reader.elapsed_ms
+            ms = [elapsed(start, end) for start, end in zip(starts, ends, strict=True)]
+        out, at = [], 0
+        for marks in groups:
+            n = len(marks) - 1
+            out.append([0.0, *(value * 1e-3 for value in ms[at:at + n])])
+            at += n
+        return out
 
     def release(self, mark) -> None:
         """Back to the pool."""
@@ -307,13 +458,29 @@ class CudaClock:
         self._pool.extend(marks)
 
     def current_stream(self) -> Any:
-        """The current CUDA stream (resolved once per mark by the tracer)."""
-        return self.torch.cuda.current_stream()
+        """The current CUDA stream (resolved once per mark by the tracer): the Stream object
+        built last while the calling thread's current device and raw stream are still its
+        own, else a new one from ``torch.cuda.current_stream()``."""
+        raw_stream, raw_device = self._raw_stream, self._raw_device
+        if raw_stream is None or raw_device is None:
+            return self.torch.cuda.current_stream()
+        device = raw_device()
+        handle = raw_stream(device)
+        current = self._current
+        if current is not None and current[0] == device and current[1] == handle:
+            return current[2]
+        stream = self.torch.cuda.current_stream()
+        self._current = (device, handle, stream)
+        return stream
 
     def stream_key(self, stream: Any = None) -> int:
         """The CUDA stream handle marks on ``stream`` (default: the current one) go to."""
-        stream = stream if stream is not None else self.torch.cuda.current_stream()
-        return int(getattr(stream, "cuda_stream", id(stream)))
+        if stream is None:
+            stream = self.current_stream()
+        try:  # torch's streams: their raw handle, an int
+            return stream.cuda_stream
+        except AttributeError:
+            return id(stream)
 
     def wait(self, mark) -> None:
         """Synchronise on one event (shutdown only)."""
@@ -336,6 +503,27 @@ class CudaClock:
             event = self.torch.cuda.Event(enable_timing=True)
             event.record(self._anchor_stream)
             self._anchors.append((event, self._now_ns()))
+
+    def epochs_many(self, marks) -> list[int | None]:
+        """``epoch_ns`` of each completed mark: in one batch of reads (``elapsed_pairs``)
+        when the newest anchor is known complete and precedes them all, else mark by mark."""
+        anchors = list(self._anchors)
+        pairs = getattr(self.reader, "elapsed_pairs", None)
+        if pairs is not None and marks and anchors and anchors[-1] is not self._anchor_done:
+            with contextlib.suppress(RuntimeError):
+                if self.reader.query(anchors[-1][0]):
+                    self._anchor_done = anchors[-1]
+        if pairs is not None and marks and anchors and anchors[-1] is self._anchor_done:
+            event, epoch = anchors[-1]
+            try:
+                ms = pairs([event] * len(marks), marks)
+            except RuntimeError:  # e.g. a mark on another device: each alone below
+                ms = []
+            if ms and min(ms) >= 0:
+                if self._now_ns() - epoch > self._anchor_every_ns:
+                    self.anchor()  # for later marks, as epoch_ns renews it
+                return [epoch + round(value * 1e6) for value in ms]
+        return [self.epoch_ns(mark) for mark in marks]
 
     def epoch_ns(self, mark) -> int | None:
         """Epoch ns (CUPTI's clock) at which a completed ``mark`` ran on the device: the newest

@@ -20,7 +20,8 @@ from argus_exporters.identity import RankIdentity
 
 
 class StepMetrics:
-    """Per-rank step statistics, updated from the training thread, read by the scrape thread."""
+    """Per-rank step statistics, updated by the tracer's resolver (a poll's steps at once),
+    read by the scrape thread."""
 
     def __init__(self, identity: RankIdentity, health: Health, window_steps: int,
                  queue_depth=lambda: 0):
@@ -31,44 +32,54 @@ class StepMetrics:
         self.steps = 0
         self.wall_total = 0.0
         self.gpu_total = 0.0
-        self.phase_total: dict[str, float] = {}
         self._wall: deque[float] = deque(maxlen=window_steps)
-        self._phases: dict[str, deque[float]] = {}
-        self._position: dict[str, list[float]] = {}  # phase -> [sum of relative positions, n]
+        # phase -> [sum of its relative positions in its steps, steps, total seconds, window]
+        self._phase_state: dict[str, list] = {}
         self.window_steps = window_steps
 
     def observe(self, wall_s: float, gpu_s: float, phases: dict[str, float]) -> None:
         """Add one completed step."""
+        self.observe_many([(wall_s, gpu_s, phases)])
+
+    def observe_many(self, steps: list[tuple[float, float, dict[str, float]]]) -> None:
+        """Add completed steps, each (wall seconds, device seconds, seconds per phase in the
+        order the phases started), under one lock."""
         with self._lock:
-            self.steps += 1
-            self.wall_total += wall_s
-            self.gpu_total += gpu_s
-            self._wall.append(wall_s)
-            last = max(len(phases) - 1, 1)
-            positions, totals, windows = self._position, self.phase_total, self._phases
-            for i, (name, seconds) in enumerate(phases.items()):
-                position = positions.get(name)
-                if position is None:
-                    position = positions[name] = [0.0, 0]
-                    totals[name] = 0.0
-                    windows[name] = deque(maxlen=self.window_steps)
-                position[0] += i / last
-                position[1] += 1
-                totals[name] += seconds
-                windows[name].append(seconds)
+            states, walls = self._phase_state, self._wall
+            for wall_s, gpu_s, phases in steps:
+                self.steps += 1
+                self.wall_total += wall_s
+                self.gpu_total += gpu_s
+                walls.append(wall_s)
+                last = max(len(phases) - 1, 1)
+                for i, (name, seconds) in enumerate(phases.items()):
+                    state = states.get(name)
+                    if state is None:
+                        state = states[name] = [0.0, 0, 0.0, deque(maxlen=self.window_steps)]
+                    state[0] += i / last
+                    state[1] += 1
+                    state[2] += seconds
+                    state[3].append(seconds)
+
+    @property
+    def phase_total(self) -> dict[str, float]:
+        """Device seconds per phase over every completed step."""
+        with self._lock:
+            return {name: state[2] for name, state in self._phase_state.items()}
 
     def phase_order(self) -> list[str]:
         """Phase names in the order they happen within a step (``phases`` arrive in the order
         they started; a phase missing from some steps is placed by its mean position), as
         ``argus diagnose`` orders them: who arrived late at a collective depends on it."""
         with self._lock:
-            return sorted(self._position, key=lambda n: self._position[n][0] /
-                          self._position[n][1])
+            states = self._phase_state
+            return sorted(states, key=lambda name: states[name][0] / states[name][1])
 
     def window(self) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """(last N wall times, last N times per phase), copied under the lock."""
         with self._lock:
-            return np.array(self._wall), {k: np.array(v) for k, v in self._phases.items()}
+            return np.array(self._wall), {name: np.array(state[3])
+                                          for name, state in self._phase_state.items()}
 
     def collect(self):
         """Prometheus collector protocol: fresh metric families on every scrape."""

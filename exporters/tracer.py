@@ -3,12 +3,12 @@
 Instrumentation (module and optimizer hooks, ``phase()`` blocks, the DDP comm hook) calls
 ``begin_phase``/``end_phase``; the optimizer step (or an explicit ``step()``) closes a step.
 Closed steps wait in a bounded queue until their marks have completed on the device; a
-background resolver thread then reads them in bulk (the newest mark of each stream queried,
-one elapsed time per distinct mark, never a synchronise, never on the training thread), and
-each becomes a ``step`` record
-for the shipper, an update of the hot metrics and, when the application traces with
-OpenTelemetry, spans. ``NoOpTracer`` has the same methods and does nothing: it is what
-instrumentation gets when Argus is off, so call sites need no ``if``.
+background resolver thread then reads them in batches of up to POLL_BATCH steps (the newest
+mark of each stream of each step queried, one elapsed time per distinct mark, each batch in
+one call where the clock can; never a synchronise, never on the training thread), and each
+becomes a ``step`` record for the shipper, an update of the hot metrics and, when the
+application traces with OpenTelemetry, spans. ``NoOpTracer`` has the same methods and does
+nothing: it is what instrumentation gets when Argus is off, so call sites need no ``if``.
 
 The hot path allocates no object per phase: a token is an integer (step index and slot), a
 step's marks and intervals live in flat lists of a ``_Step`` reused from step to step, and on
@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Callable
+from time import perf_counter_ns, thread_time
 from typing import Any
 
 from argus_exporters import placement
@@ -152,17 +154,41 @@ def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return merged
 
 
-def _offsets(clock: Clock, marks: list[Any]) -> list[float]:
-    """Seconds from ``marks[0]`` to each mark, in bulk where the clock can (``offsets``)."""
-    bulk = getattr(clock, "offsets", None)
+def _offsets_many(clock: Clock, groups: list[list[Any]]) -> list[list[float]]:
+    """Seconds from the first mark of each list to each of its marks, in one batch where the
+    clock can (``offsets_many``)."""
+    bulk = getattr(clock, "offsets_many", None)
+    if bulk is not None:
+        return bulk(groups)
+    return [[clock.seconds(marks[0], mark) for mark in marks] for marks in groups]
+
+
+def _epochs_many(clock: Clock, marks: list[Any]) -> list[int | None]:
+    """The epoch time of each completed device mark, in one batch where the clock can."""
+    bulk = getattr(clock, "epochs_many", None)
     if bulk is not None:
         return bulk(marks)
-    first = marks[0]
-    return [clock.seconds(first, mark) for mark in marks]
+    return [clock.epoch_ns(mark) for mark in marks]
 
 
-CPU_SAMPLE_EVERY = 16
+def _ready_steps(clock: Clock, steps: list[_Step]) -> int:
+    """How many of ``steps`` (in order) have completed on the device: the newest mark of each
+    stream of each, queried in one batch (``ready_count``) up to the first that has not."""
+    tails: list[Any] = []
+    owners: list[int] = []
+    for i, step in enumerate(steps):
+        tail = step.tails()
+        tails += tail
+        owners += [i] * len(tail)
+    count = getattr(clock, "ready_count", None)
+    ready = (count(tails) if count is not None
+             else next((i for i, mark in enumerate(tails) if not clock.ready(mark)), len(tails)))
+    return owners[ready] if ready < len(tails) else len(steps)
+
+
+CPU_SAMPLE_EVERY = 64  # steps a CPU-time sample stands for (a thread clock read costs ~0.6 us)
 RESOLVE_PERIOD_S = 0.2  # the resolver also wakes when a quarter of the pending queue is used
+POLL_BATCH = 64  # steps read in one batch of device reads
 
 
 class Tracer:
@@ -195,6 +221,10 @@ class Tracer:
         self._pending: deque[_Step] = deque()
         self._free: list[_Step] = []  # resolved steps, reused (no allocation per step)
         self._device = bool(self.clock.device)
+        # the clock's methods the hot path calls, bound once
+        self._mark = self.clock.mark
+        self._stream_key = self.clock.stream_key
+        self._stream = self.clock.current_stream
         # consecutive marks on one stream (a phase's end, the next phase's start) share one
         # CUDA event; host marks cost nothing and keep their own values
         self._share = self._device and share_marks
@@ -262,43 +292,47 @@ class Tracer:
         if self._off:  # closed, or a forked worker: never trace there
             return None
         sampled = self._sampled
-        cpu0 = time.thread_time() if sampled else 0.0
-        clock = self.clock
-        with self._lock:
+        cpu0 = thread_time() if sampled else 0.0
+        lock = self._lock
+        lock.acquire()
+        try:
             step = self._current
             cells = step.cells
+            base = len(cells)
             if span and name in step.spans:  # a later part: the first part's start stands
                 token = (step.index << SLOT_BITS) | step.spans[name]
-            elif len(cells) >= MAX_CELLS:
+            elif base >= MAX_CELLS:
                 token = (step.index << SLOT_BITS) | FULL
             else:
-                where = (stream if stream is not None or not self._device
-                         else clock.current_stream())
-                key = clock.stream_key(where)
+                device = self._device
+                where = self._stream() if stream is None and device else stream
+                key = self._stream_key(where)
                 marks = step.marks
                 if not marks:
                     self._open(step)
-                previous = step.last.get(key) if self._share else None
-                if previous is not None and previous < 0:
+                # the stream's newest mark: a phase's end (negative) is this start's too
+                previous = step.last.get(key, 0) if self._share else 0
+                if previous < 0:
                     start = -previous - 1
                 else:
                     start = len(marks)
-                    marks.append(clock.mark(where))
-                if self._device:
+                    marks.append(self._mark(where))
+                if device:
                     step.last[key] = start
-                base = len(cells)
                 if collective:
                     cells.extend((name, start, NO_MARK, COLLECTIVE, NO_MARK, key, stream,
                                   peer))
                     step.collectives += 1
+                elif span:
+                    cells.extend((name, start, NO_MARK, SPAN, NO_MARK, key, stream, NO_PEER))
+                    step.spans[name] = base
                 else:
-                    cells.extend((name, start, NO_MARK, SPAN if span else PLAIN, NO_MARK, key,
-                                  stream, NO_PEER))
-                    if span:
-                        step.spans[name] = base
+                    cells.extend((name, start, NO_MARK, PLAIN, NO_MARK, key, stream, NO_PEER))
                 token = (step.index << SLOT_BITS) | base
+        finally:
+            lock.release()
         if sampled:
-            self._cpu += time.thread_time() - cpu0
+            self._cpu += thread_time() - cpu0
         return token
 
     def _open(self, step: _Step) -> None:
@@ -315,30 +349,33 @@ class Tracer:
         if token is None or self._off:
             return
         sampled = self._sampled
-        cpu0 = time.thread_time() if sampled else 0.0
-        clock = self.clock
+        cpu0 = thread_time() if sampled else 0.0
         base = token & SLOT_MASK
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             step = self._current
             late = token >> SLOT_BITS != step.index
             if not late and base != FULL:
                 cells = step.cells
                 where = stream if stream is not None else cells[base + ARG]
                 if where is None and self._device:
-                    where = clock.current_stream()
+                    where = self._stream()
                 end = cells[base + END]
                 if end >= 0:  # a span's later part: its end moves, on the same event
-                    step.marks[end] = clock.remark(step.marks[end], where)
+                    step.marks[end] = self.clock.remark(step.marks[end], where)
                 else:
                     end = cells[base + END] = len(step.marks)
-                    step.marks.append(clock.mark(where))
+                    step.marks.append(self._mark(where))
                 if self._device:
-                    step.last[clock.stream_key(where)] = -end - 1
+                    step.last[self._stream_key(where)] = -end - 1
                 late = None
+        finally:
+            lock.release()
         if late is not None:
             self._dropped_end(late, None)
         if sampled:
-            self._cpu += time.thread_time() - cpu0
+            self._cpu += thread_time() - cpu0
 
     def wait_mark(self, token: PhaseToken | None) -> Any:
         """A mark now, on the stream the phase of ``token`` began on: where a rank began to
@@ -416,13 +453,15 @@ class Tracer:
         if self._off:
             return
         sampled = self._sampled
-        cpu0 = time.thread_time() if sampled else 0.0
-        clock = self.clock
-        where = clock.current_stream() if self._device else None
-        key = clock.stream_key(where) if self._device else 0
+        cpu0 = thread_time() if sampled else 0.0
+        device = self._device
+        where = self._stream() if device else None
+        key = self._stream_key(where) if device else 0
         free = self._free
         following = free.pop() if free else _Step()
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             step = self._current
             marks = step.marks
             if not marks:
@@ -432,10 +471,10 @@ class Tracer:
                 step.end = -previous - 1
             else:
                 step.end = len(marks)
-                marks.append(clock.mark(where))
-                if self._device:
+                marks.append(self._mark(where))
+                if device:
                     step.last[key] = -step.end - 1
-            now_perf = time.perf_counter_ns()
+            now_perf = perf_counter_ns()
             step.wall_s = (now_perf - self._last_end_perf_ns) * 1e-9
             self._last_end_perf_ns = now_perf
             self._last_end_epoch_ns = step.t_ns + int(step.wall_s * 1e9)
@@ -444,10 +483,12 @@ class Tracer:
             self._current = following
             if self.open_at_previous_end:
                 self._open(following)
-                following.marks.append(clock.mark(where))
-                if self._device:
+                following.marks.append(self._mark(where))
+                if device:
                     following.last[key] = 0
             backlog = len(self._pending)
+        finally:
+            lock.release()
         pending_steps = self.settings.pending_steps
         if backlog >= pending_steps // 4:  # batch: one wake per many steps
             self._wake.set()
@@ -461,7 +502,7 @@ class Tracer:
             probe.on_step(step.index, step.wall_s)
         self.health.steps += 1
         if sampled:  # scale the sampled step's cost to the steps it stands for
-            self.health.add_cpu((self._cpu + time.thread_time() - cpu0) * CPU_SAMPLE_EVERY)
+            self.health.add_cpu((self._cpu + thread_time() - cpu0) * CPU_SAMPLE_EVERY)
             self._cpu = 0.0
         self._sampled = (step.index + 1) % CPU_SAMPLE_EVERY == 0
 
@@ -491,39 +532,53 @@ class Tracer:
             return self._poll(block)
 
     def _poll(self, block: bool) -> int:
-        """Resolve ready steps in order. Readiness is read outside the tracer's lock (only
-        the newest mark of each stream); discarding a pending step takes the poll lock too,
-        so the step read here stays in the queue until this pops it."""
+        """Resolve ready steps in order, up to POLL_BATCH at a time. Readiness is read
+        outside the tracer's lock (only the newest mark of each stream of each step), then
+        every mark of the ready steps in one batch (``offsets_many``); discarding a pending
+        step takes the poll lock too, so the steps read here stay in the queue until this pops
+        them."""
         done = 0
         clock = self.clock
         while True:
             with self._lock:
-                if not self._pending:
-                    return done
-                step = self._pending[0]
-            if block:
-                for mark in step.marks:
-                    clock.wait(mark)
-            elif self._device and not clock.ready_all(step.tails()):
+                batch = list(itertools.islice(self._pending, POLL_BATCH))
+            if not batch:
                 return done
+            if block:
+                for step in batch:
+                    for mark in step.marks:
+                        clock.wait(mark)
+            elif self._device:
+                batch = batch[:_ready_steps(clock, batch)]
+                if not batch:
+                    return done
             with self._lock:
-                self._pending.popleft()
-            self._resolve(step)
-            done += 1
+                for _ in batch:
+                    self._pending.popleft()
+            times = _offsets_many(clock, [step.marks for step in batch])
+            epochs = (_epochs_many(clock, [step.marks[0] for step in batch])
+                      if self._device and self.settings.phases else [None] * len(batch))
+            spans = self.spans is not None and self.spans.active()  # apps may set it late
+            observed = [self._resolve(step, step_times, epoch, spans)
+                        for step, step_times, epoch in zip(batch, times, epochs, strict=True)]
+            self.metrics.observe_many(observed)
+            done += len(batch)
 
-    def _resolve(self, step: _Step) -> None:
-        spans = self.spans is not None and self.spans.active()
-        times = _offsets(self.clock, step.marks)
+    def _resolve(self, step: _Step, times: list[float], epoch: int | None, spans: bool,
+                 ) -> tuple[float, float, dict[str, float]]:
+        """A step's record and spans from its marks' ``times`` and the epoch time of its
+        first mark on the device (None: not known); returns what the metrics observe of it
+        (wall seconds, device seconds, seconds per phase)."""
         phases, offsets, peers = self._phase_times(step, times, spans)
         gpu_s = max(times[step.end], 0.0)
         if self.settings.phases:
-            epoch = self.clock.epoch_ns(step.marks[0]) if self._device else None
             self.emit(step_record(self.identity, step.index, step.t_ns, step.wall_s, gpu_s,
                                   phases, epoch, peers))
-        self.metrics.observe(step.wall_s, gpu_s, phases)
         if spans:
             self.spans.emit(step.index, step.t_ns, step.wall_s, step.first_epoch_ns, offsets)
+        wall_s = step.wall_s
         self._recycle(step)
+        return wall_s, gpu_s, phases
 
     def _phase_times(self, step: _Step, times: list[float], spans: bool = True,
                      ) -> tuple[dict[str, float], list[tuple[str, float, float]],

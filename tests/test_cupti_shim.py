@@ -213,7 +213,10 @@ def test_module_command_builds(tmp_path):
                            str(tmp_path)], capture_output=True, text=True, timeout=120,
                           check=False)
     assert done.returncode == 0, done.stderr
-    assert os.path.isfile(done.stdout.strip())
+    paths = done.stdout.split()
+    assert [os.path.basename(p).split("-")[0] for p in paths] == ["libargus_cupti_shim",
+                                                                  "libargus_events"]
+    assert all(os.path.isfile(p) for p in paths)
 
 
 def test_an_unwritable_home_falls_back_to_a_private_temp_folder(tmp_path, monkeypatch):

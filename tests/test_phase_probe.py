@@ -294,6 +294,7 @@ def test_exporter_cpu_bench_reports_the_probe_costs():
         assert 0 < abs(result[field]) < 10_000, (field, result[field])
     assert result["resolver_gil_us_per_step"] > 0
     assert result["probe_reader"] == "cudart"
+    assert result["probe_bulk_reader"] is True  # CI has a C compiler: the batch path is measured
     assert result["probe_event_records_per_step"] == 5 + result["probe_buckets"]
     assert result["torch_reader"]["resolver_gil_us_per_step"] > 0
     assert result["records_shipped"] > 0 and not result["dropped"]
@@ -315,3 +316,154 @@ def test_exporter_cpu_bench_measures_a_previous_probe_from_git():
     assert against["against_commit"] == head.stdout.strip()
     assert against["ratio_train_thread_us_per_step"] is not None
     assert against["previous_resolver_gil_us_per_step"] > 0
+
+
+# ---- the bulk event reader (exporters/_native/events.c) ------------------------------------
+
+@pytest.fixture
+def c_runtime(tmp_path):
+    """bench/standin_cudart.c built: a C CUDA runtime over a table of timestamps."""
+    import ctypes
+
+    from argus_exporters._native.build import build
+
+    library = ctypes.CDLL(str(build(tmp_path, source=ROOT / "bench" / "standin_cudart.c")))
+    stamps = (ctypes.c_longlong * 64)()
+    library.argus_standin_bind(stamps)
+    library.stamps = stamps  # kept alive with the library
+    return library
+
+
+def _c_counter(library, name):
+    import ctypes
+
+    return (ctypes.c_int if name == "argus_standin_error" else ctypes.c_long).in_dll(library,
+                                                                                     name)
+
+
+def test_the_bulk_reader_reads_a_batch_in_one_call_as_one_call_each_would(c_runtime, tmp_path,
+                                                                           monkeypatch):
+    monkeypatch.setenv("ARGUS_CACHE_DIR", str(tmp_path / "cache"))
+    events = [types.SimpleNamespace(cuda_event=i) for i in range(1, 9)]
+    for i, stamp in enumerate([0, 1_500_000, 2_000_000, 7_250_000, 7_250_000, 9_000_000,
+                               9_500_000, 12_000_000], start=1):
+        c_runtime.stamps[i] = stamp
+    bulk, single = CudartEvents(c_runtime), CudartEvents(c_runtime, bulk=None)
+    reads = _c_counter(c_runtime, "argus_standin_reads")
+    starts, ends = events[:1] * 7, events[1:]
+    expected = [single.elapsed_ms(a, b) for a, b in zip(starts, ends, strict=True)]
+    assert expected == pytest.approx([1.5, 2.0, 7.25, 7.25, 9.0, 9.5, 12.0])
+    before = reads.value
+    assert bulk.elapsed_pairs(starts, ends) == expected
+    assert bulk._bulk is not None  # the batch went through events.c, not one call each
+    assert reads.value - before == 7
+    assert bulk.ready_count(events) == 8
+    _c_counter(c_runtime, "argus_standin_pending_from").value = 4  # events 4.. not done yet
+    assert bulk.ready_count(events) == 3 == single.ready_count(events)
+    _c_counter(c_runtime, "argus_standin_error").value = 400
+    with pytest.raises(RuntimeError, match="CUDA error 400"):
+        bulk.elapsed_pairs(starts, ends)
+
+
+def test_without_a_compiler_the_reader_reads_one_event_a_call(c_runtime, tmp_path, monkeypatch):
+    monkeypatch.setenv("ARGUS_CACHE_DIR", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no cc, no gcc
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.delenv("ARGUS_EVENTS_LIB", raising=False)
+    reader = CudartEvents(c_runtime)
+    a, b = types.SimpleNamespace(cuda_event=1), types.SimpleNamespace(cuda_event=2)
+    c_runtime.stamps[1], c_runtime.stamps[2] = 0, 3_000_000
+    assert reader.elapsed_pairs([a], [b]) == [3.0] and reader._bulk is None
+    assert reader.ready_count([a, b]) == 2
+
+
+def test_a_python_runtime_is_never_handed_to_the_bulk_reader():
+    runtime = FakeRuntime()
+    reader = CudartEvents(runtime)
+    a, b = types.SimpleNamespace(cuda_event=11), types.SimpleNamespace(cuda_event=12)
+    runtime.times.update({11: 1.0, 12: 3.5})
+    runtime.ready.add(11)
+    assert reader.elapsed_pairs([a], [b]) == [2.5] and reader._bulk is None
+    assert reader.ready_count([a, b]) == 1
+
+
+def test_a_tracer_batches_its_device_reads_and_gives_the_same_records(tmp_path):
+    """The resolver reads a poll's steps in one batch (readiness, offsets, epoch times): the
+    records equal those of one read a call, step for step."""
+    records = {}
+    for name, bulk in (("batch", "auto"), ("single", None)):
+        cuda = DrivenCuda()
+        clock = CudaClock(cuda, pool_size=8, events=TorchEvents())
+        clock.reader = _CountingBatches(clock.reader, batch=bulk == "auto")
+        spool = tmp_path / name
+        tracer = Tracer(Settings(enabled=True, sink=f"file://{spool}", flush_s=0.05),
+                        IDENTITY, clock=clock)
+        with tracer._poll_lock:  # park the resolver: the steps wait, then resolve together
+            for _ in range(5):
+                scripted_step(tracer, cuda)
+        assert tracer.poll() == 5
+        tracer.shutdown()
+        records[name] = [r for r in _records(spool) if r["kind"] == "step"]
+        if bulk == "auto":
+            assert clock.reader.batches == {"ready": 1, "elapsed": 2}  # offsets, then epochs
+    def device_view(steps):  # host times differ from run to run; device times may not
+        return [(r["step"], r["phases"], r["gpu_s"], r["gpu_t_ns"] - steps[0]["gpu_t_ns"])
+                for r in steps]
+
+    assert device_view(records["batch"]) == device_view(records["single"])
+    assert len(records["batch"]) == 5
+
+
+class _CountingBatches:
+    """A reader that counts its batch calls (or, with ``batch`` false, has none)."""
+
+    def __init__(self, inner, batch: bool):
+        self.inner = inner
+        self.query, self.elapsed_ms = inner.query, inner.elapsed_ms
+        self.batches = {"ready": 0, "elapsed": 0}
+        if batch:
+            self.ready_count, self.elapsed_pairs = self._ready, self._pairs
+
+    def _ready(self, events):
+        self.batches["ready"] += 1
+        return self.inner.ready_count(events)
+
+    def _pairs(self, starts, ends):
+        self.batches["elapsed"] += 1
+        return self.inner.elapsed_pairs(starts, ends)
+
+
+def _records(spool):
+    return [json.loads(line) for path in sorted(Path(spool).rglob("*.ndjson"))
+            for line in path.read_text().splitlines()]
+
+
+def test_the_current_stream_is_built_again_only_when_it_changed():
+    """torch.cuda.current_stream() builds a Stream in Python each call; CudaClock keeps the
+    last one while the runtime's raw current stream and device (two C calls) say it is still
+    current, and builds a new one when the thread switched streams or devices."""
+
+    class Stream:
+        def __init__(self, device, handle):
+            self.device, self.cuda_stream = device, handle
+
+    state = {"device": 0, "handle": {0: 0, 1: 0}, "built": 0}
+
+    def current_stream():
+        state["built"] += 1
+        return Stream(state["device"], state["handle"][state["device"]])
+
+    torch = types.SimpleNamespace(
+        _C=types.SimpleNamespace(_cuda_getDevice=lambda: state["device"],
+                                 _cuda_getCurrentRawStream=lambda d: state["handle"][d]),
+        cuda=types.SimpleNamespace(current_stream=current_stream))
+    clock = CudaClock(torch, pool_size=0, events=TorchEvents())
+    first = clock.current_stream()
+    assert all(clock.current_stream() is first for _ in range(5)) and state["built"] == 1
+    state["handle"][0] = 0x7F00  # `with torch.cuda.stream(side):`
+    side = clock.current_stream()
+    assert side is not first and side.cuda_stream == 0x7F00 == clock.stream_key()
+    state["device"] = 1  # torch.cuda.set_device(1): its default stream has handle 0 too
+    other = clock.current_stream()
+    assert other.device == 1 and other.cuda_stream == 0 and state["built"] == 3
+    assert clock.current_stream() is other and state["built"] == 3

@@ -1,4 +1,8 @@
-"""Build and find the CUPTI callback shim (``cupti_shim.c``): a plain C shared library.
+"""Build and find the exporters' native helpers: plain C shared libraries.
+
+Two sources, each built on its own: the CUPTI callback shim (``cupti_shim.c``, for the kernel
+probe on torch without native CUPTI callbacks) and the bulk event reader (``events.c``, for the
+phase probe's resolver: a batch of CUDA event reads with the GIL released once).
 
 Standard library only, so it also runs as a script from a plain checkout (the GPU scripts)::
 
@@ -6,15 +10,17 @@ Standard library only, so it also runs as a script from a plain checkout (the GP
 
 Where the library comes from, first match wins:
 
-1. ``ARGUS_CUPTI_SHIM=/path/libargus_cupti_shim.so``: a prebuilt library (e.g. built into a
-   training image with this script, for images without a compiler).
+1. ``ARGUS_CUPTI_SHIM=/path/libargus_cupti_shim.so`` (``ARGUS_EVENTS_LIB`` for the event
+   reader): a prebuilt library (e.g. built into a training image with this script, for images
+   without a compiler).
 2. The cache (``ARGUS_CACHE_DIR``, else ``$XDG_CACHE_HOME/argus``, else ``~/.cache/argus``;
    where that cannot be written, a private ``argus-cache-<uid>`` in the temp folder): a
    library built earlier from this exact source on this machine type.
 3. A build with ``$CC``, ``cc`` or ``gcc`` into the cache (atomic rename, so ranks starting
    together on one host never see a half-written file).
 
-No compiler and nothing prebuilt: ``ShimUnavailableError`` says so and how to fix it.
+No compiler and nothing prebuilt: ``ShimUnavailableError`` says so and how to fix it (the
+event reader is optional: without it the resolver reads events one ctypes call at a time).
 """
 
 from __future__ import annotations
@@ -32,7 +38,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parent / "cupti_shim.c"
+EVENTS_SOURCE = SOURCE.with_name("events.c")
 ABI = 1  # argus_shim_abi() of a library this Python code can drive
+EVENTS_ABI = 1  # argus_events_abi() of an event reader this Python code can drive
+PREBUILT = {SOURCE.name: "ARGUS_CUPTI_SHIM", EVENTS_SOURCE.name: "ARGUS_EVENTS_LIB"}
+WHAT = {SOURCE.name: "the CUPTI callback shim", EVENTS_SOURCE.name: "the bulk event reader"}
 CFLAGS = ("-O2", "-shared", "-fPIC", "-pthread")
 BUILD_TIMEOUT_S = 120
 
@@ -42,9 +52,11 @@ class ShimUnavailableError(RuntimeError):
 
 
 def library_name(source: Path = SOURCE) -> str:
-    """File name of the library built from ``source``: ABI, source hash and machine type."""
+    """File name of the library built from ``source``: its name, ABI, source hash and machine
+    type."""
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
-    return f"libargus_cupti_shim-{ABI}-{digest}-{platform.machine() or 'unknown'}.so"
+    abi = ABI if source.name == SOURCE.name else EVENTS_ABI
+    return f"libargus_{source.stem}-{abi}-{digest}-{platform.machine() or 'unknown'}.so"
 
 
 def cache_dir(env: Mapping[str, str]) -> Path:
@@ -92,66 +104,77 @@ def build(out_dir: Path, env: Mapping[str, str] | None = None,
     target = Path(out_dir) / library_name(source)
     if target.is_file():
         return target
+    what = WHAT.get(source.name, source.name)
     compiler = find_compiler(env)
     if compiler is None:
+        hint = (", or use a torch with native CUPTI callbacks (>= 2.13)"
+                if source.name == SOURCE.name else "")
         raise ShimUnavailableError(
-            "no C compiler (cc or gcc; CC=" + repr(env.get("CC", "")) + ") to build the CUPTI "
-            "callback shim; prebuild it (python -m argus_exporters._native build) and set "
-            "ARGUS_CUPTI_SHIM, or use a torch with native CUPTI callbacks (>= 2.13)")
+            "no C compiler (cc or gcc; CC=" + repr(env.get("CC", "")) + f") to build {what}; "
+            "prebuild it (python -m argus_exporters._native build) and set "
+            f"{PREBUILT.get(source.name, 'its variable')}{hint}")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, partial = tempfile.mkstemp(prefix=".shim-", suffix=".so", dir=target.parent)
         os.close(fd)
     except OSError as exc:
-        raise ShimUnavailableError(f"cannot write the CUPTI shim to {target.parent}: {exc}; "
+        raise ShimUnavailableError(f"cannot write {what} to {target.parent}: {exc}; "
                                    "set ARGUS_CACHE_DIR to a writable folder") from None
     command = [compiler, *CFLAGS, "-o", partial, str(source)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
                               check=False)
         if done.returncode != 0:
-            raise ShimUnavailableError(f"building the CUPTI shim failed ({' '.join(command)}): "
+            raise ShimUnavailableError(f"building {what} failed ({' '.join(command)}): "
                                        f"{done.stderr.strip()[-500:]}")
         os.replace(partial, target)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ShimUnavailableError(f"building the CUPTI shim failed: {exc}") from None
+        raise ShimUnavailableError(f"building {what} failed: {exc}") from None
     finally:
         if os.path.exists(partial):
             os.unlink(partial)
     return target
 
 
-def locate(env: Mapping[str, str] | None = None) -> Path:
-    """The shim library to load: ``ARGUS_CUPTI_SHIM``, else cached, else built now."""
+def locate(env: Mapping[str, str] | None = None, source: Path = SOURCE) -> Path:
+    """The library of ``source`` to load: its prebuilt variable (``ARGUS_CUPTI_SHIM``,
+    ``ARGUS_EVENTS_LIB``), else cached, else built now."""
     env = os.environ if env is None else env
-    prebuilt = env.get("ARGUS_CUPTI_SHIM")
+    variable = PREBUILT.get(source.name, "")
+    prebuilt = env.get(variable) if variable else None
     if prebuilt:
         if not os.path.isfile(prebuilt):
-            raise ShimUnavailableError(f"ARGUS_CUPTI_SHIM={prebuilt!r} is not a file")
+            raise ShimUnavailableError(f"{variable}={prebuilt!r} is not a file")
         return Path(prebuilt)
-    if not SOURCE.is_file():
-        raise ShimUnavailableError(f"the shim source {SOURCE} is missing from this install")
+    if not source.is_file():
+        raise ShimUnavailableError(f"the source {source} is missing from this install")
     preferred = cache_dir(env)
     try:
-        return build(preferred, env)
+        return build(preferred, env, source)
     except ShimUnavailableError as exc:
         if env.get("ARGUS_CACHE_DIR") or not str(exc).startswith("cannot write"):
             raise
-    return build(private_temp_dir(), env)  # e.g. a read-only home in a container
+    return build(private_temp_dir(), env, source)  # e.g. a read-only home in a container
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Build the shim (or find it in the cache) and print its path."""
-    parser = argparse.ArgumentParser(description="Build the Argus CUPTI callback shim.")
+    """Build the native helpers (or find them in the cache) and print their paths."""
+    parser = argparse.ArgumentParser(description="Build the Argus exporters' native helpers "
+                                                 "(the CUPTI callback shim, the event reader).")
     parser.add_argument("command", nargs="?", default="build", choices=["build"])
-    parser.add_argument("--out", type=Path, help="folder for the library (default: the cache)")
+    parser.add_argument("--out", type=Path, help="folder for the libraries (default: the cache)")
+    parser.add_argument("--only", choices=["shim", "events"],
+                        help="build one of them (default: both)")
     args = parser.parse_args(argv)
-    try:
-        path = build(args.out, os.environ) if args.out else locate(os.environ)
-    except ShimUnavailableError as exc:
-        print(f"argus: {exc}", file=sys.stderr)
-        return 1
-    print(path)
+    sources = {"shim": [SOURCE], "events": [EVENTS_SOURCE], None: [SOURCE, EVENTS_SOURCE]}
+    for source in sources[args.only]:
+        try:
+            path = (build(args.out, os.environ, source) if args.out
+                    else locate(os.environ, source))
+        except ShimUnavailableError as exc:
+            print(f"argus: {exc}", file=sys.stderr)
+            return 1
+        print(path)
     return 0
 
 
