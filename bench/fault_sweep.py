@@ -84,15 +84,17 @@ def fault_for(kind: str, size: float, topology: Topology) -> tuple[str, set[int]
 
 
 def run_cell(kind: str, size: float, scale: int, noise: int, seeds: int, steps: int,
-             real_noise: bool = False) -> dict:
+             real_noise: bool = False, kernel_every: int = REALISTIC["kernel_every"]) -> dict:
     """Hit rate and false verdicts of one (kind, size, scale, noise) over seeded jobs
-    (``real_noise``: with REAL_CPU step noise and step records only)."""
+    (``real_noise``: with REAL_CPU step noise and step records only; ``kernel_every``: the
+    kernel probe's duty, kernels recorded in 1 step of it)."""
     topology = Topology.parse(SCALES[scale])
     spec, ranks, cause = fault_for(kind, size, topology)
     hits = minor_hits = false_runs = 0
     for seed in range(seeds):
         config = SimConfig(topology=topology, steps=steps, noise=0.03 * noise,
-                           seed=seed * 7919 + scale, faults=(parse_fault(spec),), **REALISTIC,
+                           seed=seed * 7919 + scale, faults=(parse_fault(spec),),
+                           **{**REALISTIC, "kernel_every": kernel_every},
                            **({"step_noise": REAL_CPU} if real_noise else {}))
         trace = simulate_trace(config)
         if real_noise:
@@ -105,8 +107,8 @@ def run_cell(kind: str, size: float, scale: int, noise: int, seeds: int, steps: 
         minor_hits += all(verdicts.get(r, minor.get(r)) == cause for r in ranks)
         false_runs += any(r not in ranks for r in verdicts)
     return {"kind": kind, "size": size, "scale": scale, "noise": noise, "seeds": seeds,
-            "found": hits / seeds, "found_or_minor": minor_hits / seeds,
-            "false_verdict_runs": false_runs}
+            "traced_steps": len(range(0, steps, kernel_every)), "found": hits / seeds,
+            "found_or_minor": minor_hits / seeds, "false_verdict_runs": false_runs}
 
 
 def smallest(cells: list[dict], kind: str, scale: int, noise: int) -> float | None:
@@ -130,34 +132,39 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--tail-steps", type=int, default=TAIL_STEPS)
     parser.add_argument("--step-noise", choices=("none", "real-cpu"), default="none")
+    parser.add_argument("--noises", default=",".join(map(str, NOISE)),
+                        help="kernel noise levels, multiples of the default 3%%")
+    parser.add_argument("--kernel-every", type=int, default=REALISTIC["kernel_every"],
+                        help="the kernel probe's duty: kernels recorded in 1 step of N")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     scales = [int(s) for s in args.scales.split(",")]
     kinds = args.kinds.split(",")
     real_noise = args.step_noise == "real-cpu"
+    noises = [int(n) for n in args.noises.split(",")]
     if real_noise:
         kinds = [k for k in kinds if k not in ("link", "tail")]
     t0 = time.perf_counter()
     cells = []
     for scale in scales:
         for kind in kinds:
-            for noise in NOISE:
+            for noise in noises:
                 for size in SIZES[kind]:
                     steps = args.tail_steps if kind == "tail" else args.steps
                     cells.append(run_cell(kind, size, scale, noise, args.seeds, steps,
-                                          real_noise))
+                                          real_noise, args.kernel_every))
                     if not args.json:
                         c = cells[-1]
                         print(f"{kind:8} {scale:4} ranks noise {noise}x size {size:5}: found "
                               f"{c['found']:.2f}, false-verdict runs {c['false_verdict_runs']}",
                               flush=True)
     result = {"seeds": args.seeds, "steps": args.steps, "tail_steps": args.tail_steps,
-              "step_noise": args.step_noise,
+              "step_noise": args.step_noise, "kernel_every": args.kernel_every,
               "seconds": time.perf_counter() - t0,
               "step_seconds": {str(s): round(step_seconds(Topology.parse(SCALES[s])), 4)
                                for s in scales},
               "smallest": {kind: {str(scale): {str(noise): smallest(cells, kind, scale, noise)
-                                               for noise in NOISE} for scale in scales}
+                                               for noise in noises} for scale in scales}
                            for kind in kinds},
               "false_verdict_runs": sum(c["false_verdict_runs"] for c in cells),
               "runs": sum(c["seeds"] for c in cells), "cells": cells}

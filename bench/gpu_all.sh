@@ -73,6 +73,7 @@ if EVENTS_LIB=$("$PY" exporters/_native/build.py --only events --out /tmp/argus-
     export ARGUS_EVENTS_LIB=$EVENTS_LIB
     say "event reader: $EVENTS_LIB"
 else
+    EVENTS_LIB=""
     say "event reader build failed: $(cat "$SHIM_ERR")"
 fi
 rm -f "$SHIM_ERR"
@@ -96,7 +97,7 @@ COLLECTIVES_RC=$?
 say "gpu_collectives exit $COLLECTIVES_RC"
 
 # 4. the summary
-KERNELS_RC=$KERNELS_RC OVERHEAD_RC=$OVERHEAD_RC COLLECTIVES_RC=$COLLECTIVES_RC SHIM=$SHIM MISSING=$MISSING WHEELS=$WHEELS \
+KERNELS_RC=$KERNELS_RC OVERHEAD_RC=$OVERHEAD_RC COLLECTIVES_RC=$COLLECTIVES_RC SHIM=$SHIM EVENTS_LIB=$EVENTS_LIB MISSING=$MISSING WHEELS=$WHEELS \
 ELAPSED=$(($(date +%s) - START)) "$PY" - <<'PYTHON'
 import json, os, subprocess
 from pathlib import Path
@@ -123,7 +124,7 @@ summary = {"ok": all(r.get("ok") is True for r in (kernels, overhead, collective
            "exit": codes,
            "elapsed_s": int(os.environ["ELAPSED"]), "nvidia_smi": smi,
            "wheels": os.environ["WHEELS"].split(), "missing_wheels": os.environ["MISSING"].split(),
-           "shim": os.environ["SHIM"] or None,
+           "shim": os.environ["SHIM"] or None, "events_lib": os.environ["EVENTS_LIB"] or None,
            "kernels": {k: kernels.get(k) for k in ("ok", "error", "problems", "summary")},
            "overhead": {k: overhead.get(k) for k in ("ok", "error", "launch_heavy", "gemm_heavy",
                                                      "transformer", "probes", "dropped")},

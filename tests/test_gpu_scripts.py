@@ -111,8 +111,8 @@ def test_collectives_dry_run_from_a_plain_checkout(plain_env, tmp_path):
 
 
 def test_gpu_all_without_a_gpu_writes_why_under_out(plain_env, tmp_path):
-    """Every script, from a plain checkout, say in their JSON why they cannot run; the shim is
-    built; the summary lists what is missing."""
+    """Every script, from a plain checkout, say in their JSON why they cannot run; the shim and
+    the bulk event reader are built; the summary lists what is missing."""
     env = {**plain_env, "OUT": str(tmp_path), "PYTHON": sys.executable}
     done = subprocess.run(["bash", str(BENCH / "gpu_all.sh")], capture_output=True, text=True,
                           env=env, timeout=300, check=False)
@@ -121,6 +121,7 @@ def test_gpu_all_without_a_gpu_writes_why_under_out(plain_env, tmp_path):
     assert summary["exit"] == {"gpu_kernels_check": 2, "gpu_overhead": 2, "gpu_collectives": 2}
     assert summary["ok"] is False
     assert summary["shim"] and os.path.isfile(summary["shim"])  # built with gcc
+    assert summary["events_lib"] and os.path.isfile(summary["events_lib"])  # the bulk reader
     assert set(summary["missing_wheels"]) <= {"cupti_python", "orjson", "py_spy"}
     assert "no GPU" in summary["kernels"]["error"]
     for script in ("gpu_kernels_check", "gpu_overhead", "gpu_collectives"):
