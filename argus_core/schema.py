@@ -98,6 +98,7 @@ class StepRecord:
     gpu_t_ns: int | None = None  # device start on CUPTI's clock (kernels' start_ns); optional
     peers: dict[str, dict[int, PeerTime]] | None = None  # point-to-point phase -> peer rank
     # -> its time with that peer (optional: which rank a send or recv exchanged data with)
+    cpu_wait_s: float | None = None  # the training thread's wait for a CPU (optional)
 
 
 @dataclass(frozen=True)
@@ -285,11 +286,13 @@ def _parse_step(rec: dict, job: str, rank: int) -> StepRecord:
             raise SchemaError("phases", f"phase name longer than {MAX_TEXT} characters")
         clean[name] = _seconds(value, f"phases.{name}")
     gpu = rec.get("gpu_s")
+    cpu_wait = rec.get("cpu_wait_s")
     return StepRecord(
         job, rank, _int(rec, "step", maximum=MAX_STEP), _time_ns(rec, "t_ns"),
         _seconds(rec.get("wall_s"), "wall_s"),
         math.nan if gpu is None else _seconds(gpu, "gpu_s"), clean,
-        _time_ns(rec, "gpu_t_ns", required=False), _peers(rec.get("peers"), clean, rank))
+        _time_ns(rec, "gpu_t_ns", required=False), _peers(rec.get("peers"), clean, rank),
+        None if cpu_wait is None else _seconds(cpu_wait, "cpu_wait_s"))
 
 
 def _peers(peers: Any, phases: dict[str, float], rank: int,

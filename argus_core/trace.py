@@ -88,10 +88,13 @@ class StepTable:
     phases: np.ndarray
     gpu_t_ns: np.ndarray | None = None  # device start (kernels' clock); NO_GPU_T where absent
     peers: PeerTable | None = None  # point-to-point phases per peer (empty when none named)
+    cpu_wait_s: np.ndarray | None = None  # the training thread's wait for a CPU; NaN: absent
 
     def __post_init__(self) -> None:
         if self.gpu_t_ns is None:
             self.gpu_t_ns = np.full(len(self.rank), NO_GPU_T, dtype=np.int64)
+        if self.cpu_wait_s is None:
+            self.cpu_wait_s = np.full(len(self.rank), np.nan)
         if self.peers is None:
             self.peers = PeerTable.empty()
 
@@ -257,7 +260,9 @@ def _steps(rows: list[StepRecord]) -> tuple[StepTable, dict[int, int]]:
         phase_names=phase_names.names, phases=phases[order],
         gpu_t_ns=np.array([NO_GPU_T if r.gpu_t_ns is None else r.gpu_t_ns for r in rows],
                           dtype=np.int64)[order],
-        peers=_peer_table(rows, order, phase_names)), restarted
+        peers=_peer_table(rows, order, phase_names),
+        cpu_wait_s=np.array([np.nan if r.cpu_wait_s is None else r.cpu_wait_s for r in rows],
+                            dtype=np.float64)[order]), restarted
 
 
 def _peer_table(rows: list[StepRecord], order: np.ndarray, phase_names: SymbolTable,

@@ -86,7 +86,7 @@ CASES = [
     Case("stall-2", 2, _fault(0, "stall", 0.4, ARGUS_TEST_STALL_STEPS="20,45"), {0: "host"}),
     Case("stall-1", 1, _fault(0, "stall", 0.08, ARGUS_TEST_STALL_STEPS="20,45"), {0: "host"}),
     Case("data-2", 2, _fault(1, "data", 0.03, ARGUS_TEST_FROM="20"), {1: "host"}),
-    Case("hog-2", 2, _fault(1, "hog", 0.0, ARGUS_TEST_PIN="1"), {1: "compute"}),
+    Case("hog-2", 2, _fault(1, "hog", 0.0, ARGUS_TEST_PIN="1"), {1: "host"}),
     Case("tail-4", 4, _fault(1, "tail", 0.08, ARGUS_TEST_TAIL_SHARE="0.1"), {1: "compute"}),
 ]
 COMPILED_FUNCOL = ("the all-to-all inside the compiled forward is traced into the graph "
@@ -184,9 +184,11 @@ def judge(case: Case, spool: Path) -> dict:
     found = {v["rank"]: v["cause"] for v in doc["verdict"]}
     peers = {v["rank"]: v["peer"] for v in doc["verdict"] if "peer" in v}
     false = sorted(r for r in found if r not in case.expected)
+    starved = sorted(v["rank"] for v in doc["verdict"]
+                     if v["cause"] == "host" and v["evidence"].startswith("short of CPU"))
     return {"case": case.name, "as_expected": found == case.expected and peers == case.peers,
-            "verdicts": found,
-            "false_ranks": false, "evidence": [v["evidence"] for v in doc["verdict"]]}
+            "verdicts": found, "false_ranks": false, "short_of_cpu": starved,
+            "evidence": [v["evidence"] for v in doc["verdict"]]}
 
 
 def record(spool: Path, out: Path) -> None:

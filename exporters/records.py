@@ -36,19 +36,23 @@ def _ns(seconds: float) -> float:
 
 def step_record(identity: RankIdentity, step: int, t_ns: int, wall_s: float, gpu_s: float,
                 phases: dict[str, float], gpu_t_ns: int | None = None,
-                peers: dict[str, dict[int, tuple[float, int, float]]] | None = None) -> dict:
+                peers: dict[str, dict[int, tuple[float, int, float]]] | None = None,
+                cpu_wait_s: float | None = None) -> dict:
     """One ``step`` record: host wall time, device time and per-phase device time.
 
     ``t_ns`` is host CLOCK_REALTIME at the step's start; ``gpu_t_ns`` (device marks only) is
     when its work started on the device, on CUPTI's clock like kernels' ``start_ns``;
     ``peers`` each point-to-point phase's (seconds, messages, shortest message's seconds)
-    per peer rank.
+    per peer rank; ``cpu_wait_s`` how long the thread that closed the step waited for a CPU
+    during it (Linux's run delay; None where the kernel keeps no count).
     """
     record = {"v": 1, "kind": "step", "job": identity.job, "rank": identity.rank, "step": step,
               "t_ns": t_ns, "wall_s": _ns(wall_s), "gpu_s": _ns(gpu_s),
               "phases": {k: _ns(v) for k, v in phases.items()}}
     if gpu_t_ns is not None:
         record["gpu_t_ns"] = int(gpu_t_ns)
+    if cpu_wait_s is not None:
+        record["cpu_wait_s"] = _ns(cpu_wait_s)
     if peers:
         record["peers"] = {phase: {str(peer): {"s": _ns(s), "n": n, "min_s": _ns(m)}
                                    for peer, (s, n, m) in by.items()}

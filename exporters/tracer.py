@@ -42,6 +42,7 @@ from argus_exporters.metrics import StepMetrics
 from argus_exporters.otel import SpanEmitter
 from argus_exporters.probes import Probe
 from argus_exporters.records import encode, rank_record, step_record
+from argus_exporters.runqueue import RunDelay
 from argus_exporters.shipper import Shipper
 from argus_exporters.sinks import create_sink
 
@@ -77,8 +78,8 @@ class _Step:
     phase end, which the next start on that stream shares. ``end`` is the closing mark.
     """
 
-    __slots__ = ("cells", "collectives", "end", "first_epoch_ns", "index", "last", "marks",
-                 "spans", "t_ns", "wall_s")
+    __slots__ = ("cells", "collectives", "cpu_wait_s", "end", "first_epoch_ns", "index",
+                 "last", "marks", "spans", "t_ns", "wall_s")
 
     def __init__(self, index: int = 0):
         self.marks: list[Any] = []
@@ -93,6 +94,7 @@ class _Step:
         self.t_ns = 0  # host epoch time at the step's start
         self.first_epoch_ns = 0  # host epoch time when marks[0] was taken
         self.wall_s = 0.0
+        self.cpu_wait_s: float | None = None  # the closing thread's wait for a CPU
         self.end = NO_MARK
         self.collectives = 0  # collective intervals (their waits are taken out of phases)
         self.marks.clear()
@@ -229,6 +231,7 @@ class Tracer:
         # CUDA event; host marks cost nothing and keep their own values
         self._share = self._device and share_marks
         self._last_end_perf_ns: int | None = None
+        self._run_delay = RunDelay()  # read by the thread that closes steps
         self._last_end_epoch_ns = 0
         self._closed = False
         self._in_child = False
@@ -342,6 +345,7 @@ class Tracer:
         if self._last_end_perf_ns is None:  # the first step starts at its first phase
             self._last_end_perf_ns = time.perf_counter_ns()
             self._last_end_epoch_ns = now_epoch
+            self._run_delay.since_last()  # from here, each step's wait for a CPU
         step.t_ns = self._last_end_epoch_ns
 
     def end_phase(self, token: PhaseToken | None, stream: Any = None) -> None:
@@ -459,10 +463,13 @@ class Tracer:
         key = self._stream_key(where) if device else 0
         free = self._free
         following = free.pop() if free else _Step()
+        first = self._last_end_perf_ns is None
+        cpu_wait = None if first else self._run_delay.since_last()
         lock = self._lock
         lock.acquire()
         try:
             step = self._current
+            step.cpu_wait_s = cpu_wait
             marks = step.marks
             if not marks:
                 self._open(step)
@@ -573,7 +580,7 @@ class Tracer:
         gpu_s = max(times[step.end], 0.0)
         if self.settings.phases:
             self.emit(step_record(self.identity, step.index, step.t_ns, step.wall_s, gpu_s,
-                                  phases, epoch, peers))
+                                  phases, epoch, peers, step.cpu_wait_s))
         if spans:
             self.spans.emit(step.index, step.t_ns, step.wall_s, step.first_epoch_ns, offsets)
         wall_s = step.wall_s

@@ -67,3 +67,31 @@ def test_thresholds_can_be_set_by_name(trace_of):
                          ("alpha", "NAME=VALUE")):
         with pytest.raises(ValueError, match=message):
             DiagnoseConfig().with_overrides([bad])
+
+
+def _with_cpu_wait(trace: Trace, rank: int, wait_s: float, from_step: int) -> Trace:
+    """The trace with every step's ``cpu_wait_s`` recorded: 0.1 ms everywhere, ``wait_s`` on
+    ``rank`` from ``from_step`` on."""
+    table = trace.steps
+    waits = np.full(len(table), 1e-4)
+    waits[(table.rank == rank) & (table.step >= from_step)] = wait_s
+    table.cpu_wait_s = waits
+    return trace
+
+
+def test_a_slow_rank_that_waited_for_a_cpu_is_short_of_cpu_not_slow(trace_of):
+    """Rank 5's phases stretch from step 15; when its training thread waited for a CPU that
+    long too, the verdict is host (short of CPU); when it barely waited, compute."""
+    config = CASES["compute-straggler"].config(seed=0)
+    plain = diagnose(trace_of(config)).to_json()
+    (verdict,) = plain["verdict"]
+    cost = verdict["cost_s"]
+    starved = diagnose(_with_cpu_wait(trace_of(config), 5, 0.9 * cost, 15)).to_json()
+    assert [(v["rank"], v["cause"]) for v in starved["verdict"]] == [(5, "host")]
+    assert starved["verdict"][0]["evidence"].startswith("short of CPU: its training thread "
+                                                        "waited")
+    assert starved["verdict"][0]["cost_s"] == cost  # the same cost, another cause
+    barely = diagnose(_with_cpu_wait(trace_of(config), 5, 0.2 * cost, 15)).to_json()
+    assert [(v["rank"], v["cause"]) for v in barely["verdict"]] == [(5, "compute")]
+    everyone = diagnose(_with_cpu_wait(trace_of(config), 5, 1e-4, 0)).to_json()
+    assert [(v["rank"], v["cause"]) for v in everyone["verdict"]] == [(5, "compute")]

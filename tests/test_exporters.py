@@ -544,3 +544,52 @@ def test_a_probe_is_told_every_step_and_shut_down_once(tmp_path):
     assert (first.shutdowns, second.shutdowns) == (1, 1)
     assert all(isinstance(p, Probe) for p in tracer.probes)
     assert issubclass(KernelProbe, Probe) and issubclass(StackProbe, Probe)
+
+
+# ---- how long the training thread waited for a CPU --------------------------------------------
+
+HAS_SCHEDSTAT = os.path.exists(f"/proc/self/task/{threading.get_native_id()}/schedstat")
+
+
+@pytest.mark.skipif(not HAS_SCHEDSTAT, reason="the kernel keeps no run delay here")
+def test_the_run_delay_counts_the_time_a_thread_waited_for_a_cpu():
+    """Pinned to one core beside a busy process, the thread waits for its core: the wait it
+    reads grows (until 50 ms have gathered; no fixed sleep)."""
+    import subprocess
+    import sys
+
+    from argus_exporters.runqueue import RunDelay
+
+    delay = RunDelay()
+    assert delay.since_last() is None  # the first call only starts counting
+    before = os.sched_getaffinity(0)  # pid 0: this thread
+    core = min(before)
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    waited = 0.0
+    try:
+        os.sched_setaffinity(hog.pid, {core})
+        os.sched_setaffinity(0, {core})
+        deadline = time.monotonic() + 60
+        while waited < 0.05 and time.monotonic() < deadline:
+            sum(range(20_000))  # stay runnable
+            waited += delay.since_last()
+    finally:
+        os.sched_setaffinity(0, before)
+        hog.kill()
+        hog.wait()
+    assert waited >= 0.05
+    other: list = []
+    thread = threading.Thread(target=lambda: other.append(delay.since_last()))
+    thread.start()
+    thread.join()
+    assert other == [None]  # another thread's count is not this one's: it starts again
+
+
+@pytest.mark.skipif(not HAS_SCHEDSTAT, reason="the kernel keeps no run delay here")
+def test_step_records_carry_the_training_threads_wait_for_a_cpu(tmp_path):
+    tracer = Tracer(settings(tmp_path), IDENTITY, clock=HostClock())
+    run_steps(tracer, 4, sleep=0.001)
+    tracer.shutdown()
+    trace = load_traces([tmp_path]).traces["job-a"]
+    waits = trace.steps.cpu_wait_s
+    assert len(waits) == 4 and (waits >= 0).all() and (waits < trace.steps.wall_s).all()

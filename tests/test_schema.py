@@ -98,6 +98,12 @@ def test_step_record_accepts_integer_seconds():
     assert rec.phases == {"mlp": 0.0}
 
 
+def test_step_record_keeps_how_long_its_thread_waited_for_a_cpu():
+    """``cpu_wait_s`` is optional: the training thread's wait for a CPU during the step."""
+    assert parse_record(with_(STEP, cpu_wait_s=0.0042)).cpu_wait_s == 0.0042
+    assert parse_record(copy.deepcopy(STEP)).cpu_wait_s is None
+
+
 PIPELINE_STEP = with_(STEP, phases={"pp-recv": 0.03, "forward": 0.1, "pp-send": 0.02},
                       peers={"pp-recv": {"4": {"s": 0.03, "n": 4, "min_s": 0.005}},
                              "pp-send": {"6": {"s": 0.02, "n": 4, "min_s": 0.004}}})
@@ -213,6 +219,9 @@ BAD_RECORDS = [
     ("step-wall-bool", with_(STEP, wall_s=True), "wall_s", ["number of seconds"]),
     ("step-wall-missing", with_(STEP, wall_s=...), "wall_s", ["number of seconds", "None"]),
     ("step-gpu-negative", with_(STEP, gpu_s=-1), "gpu_s", [">= 0"]),
+    ("step-cpu-wait-negative", with_(STEP, cpu_wait_s=-0.002), "cpu_wait_s", [">= 0"]),
+    ("step-cpu-wait-string", with_(STEP, cpu_wait_s="2ms"), "cpu_wait_s",
+     ["number of seconds", "'2ms'"]),
     ("step-number-negative", with_(STEP, step=-3), "step", [">= 0", "-3"]),
     ("step-number-float", with_(STEP, step=1.5), "step", ["integer"]),
     ("step-t-ns-missing", with_(STEP, t_ns=...), "t_ns", ["missing"]),

@@ -100,9 +100,11 @@ def test_the_scorer_pages_only_on_the_faulty_rank_of_a_real_job(path, request):
     assert judged
 
 
+# a rank short of CPU (a hog on its core) is slow in its phases too: the scorer, which reads
+# no CPU wait, publishes it as compute (argus diagnose calls it host from the step records)
 SUSTAINED_COMPUTE = sorted(case for case, expected in EXPECTED.items()
-                           if "compute" in expected.values() and not case.startswith("tail")
-                           and case not in KNOWN_LIMITS)
+                           if ("compute" in expected.values() or case.startswith("hog"))
+                           and not case.startswith("tail") and case not in KNOWN_LIMITS)
 
 
 @pytest.mark.parametrize("case", SUSTAINED_COMPUTE)
@@ -110,7 +112,7 @@ def test_the_scorer_names_a_real_jobs_slow_rank(case):
     """A rank slowed for the whole run (extra compute, a CPU hog on its core) is published
     as a compute finding in at least half of the scrapes of its recordings: the noise that
     keeps healthy ranks quiet does not hide it."""
-    faulty = {r for r, cause in EXPECTED[case].items() if cause == "compute"}
+    faulty = set(EXPECTED[case])
     found = judged = 0
     for path in (p for p in RECORDINGS if _case(p) == case):
         for _, snapshot in scrapes(path):

@@ -176,7 +176,8 @@ def valid(kind: str) -> dict:
     ("step", {"wall_s": "0.4"}, "wall_s"), ("step", {"wall_s": -0.1}, "wall_s"),
     ("step", {"wall_s": None}, "wall_s"), ("step", {"gpu_s": False}, "gpu_s"),
     ("step", {"phases": [0.1]}, "phases"), ("step", {"peers": [4]}, "peers"),
-    ("step", {"peers": 0.02}, "peers"),
+    ("step", {"peers": 0.02}, "peers"), ("step", {"cpu_wait_s": -0.001}, "cpu_wait_s"),
+    ("step", {"cpu_wait_s": "0.01"}, "cpu_wait_s"),
     ("kernels", {"names": "gemm"}, "names"), ("kernels", {"dur_ns": None}, "dur_ns"),
     ("kernels", {"stream": {"0": 7}}, "stream"), ("kernels", {"dur_ns": [1, 2]}, "kernels"),
     ("kernels", {"name": []}, "kernels"),
@@ -205,7 +206,8 @@ BOUNDS = [MAX_RANK, MAX_RANK + 1, MAX_RANK + 2, MAX_STEP, MAX_STEP + 1, MAX_TIME
           MAX_TIMESTAMP_NS + 1, 2**63 - 1, 2**63, MAX_DURATION_S, MAX_DURATION_S + 0.5,
           int(MAX_DURATION_S) + 1, "x" * MAX_TEXT, "x" * (MAX_TEXT + 1), "é" * MAX_TEXT,
           "é" * (MAX_TEXT + 1)]
-OPTIONAL = {"step": ["gpu_t_ns", "peers"]}  # top-level fields the valid records leave out
+# top-level fields the valid records leave out
+OPTIONAL = {"step": ["gpu_t_ns", "peers", "cpu_wait_s"]}
 
 
 def assert_agent_agrees_with_the_schema(agent: dict, record: dict) -> None:

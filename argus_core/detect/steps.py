@@ -27,6 +27,7 @@ class StepMatrix:
     phase_names: list[str]
     start_ns: np.ndarray | None = None  # ranks x steps, int64, -1 = not recorded
     host_ns: np.ndarray | None = None  # ranks x steps: the host's step start (t_ns), -1 = none
+    cpu_wait: np.ndarray | None = None  # ranks x steps: the training thread's wait for a CPU
 
     def phase(self, name: str) -> np.ndarray:
         """(ranks x steps) times of one phase."""
@@ -62,5 +63,7 @@ def step_matrix(table: StepTable) -> StepMatrix:
     start_ns[r_idx, s_idx] = step_start_ns(table)
     host_ns = np.full(shape, -1, dtype=np.int64)
     host_ns[r_idx, s_idx] = table.t_ns
+    cpu_wait = np.full(shape, np.nan)
+    cpu_wait[r_idx, s_idx] = table.cpu_wait_s
     return StepMatrix(ranks, steps, t_ns, wall, gpu, phases, list(table.phase_names), start_ns,
-                      host_ns)
+                      host_ns, cpu_wait)

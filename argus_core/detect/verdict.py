@@ -32,13 +32,14 @@ Every verdict needs a significant test *and* a cost worth acting on:
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
 from scipy.stats import binom
 
 from argus_core.detect.cost import MIN_COST_SHARE, Cost, JobContext, cost_of, steps_from
+from argus_core.detect.cpu_wait import CpuWaitConfig
 from argus_core.detect.host import HostFinding
 from argus_core.detect.l1 import Culprit, L1Result
 from argus_core.detect.l2 import L2Result
@@ -57,6 +58,7 @@ class VerdictConfig:
     min_repeats: int = 3  # ... and at least this many
     min_episode_steps: int = 20  # a regression that ends before the trace is this long
     min_sustained_steps: int = 8  # a regression still on at the trace's end is this long
+    cpu_wait_share: float = CpuWaitConfig.min_share  # extra CPU wait that makes compute host
 
 
 @dataclass(frozen=True)
@@ -101,9 +103,13 @@ def build_verdicts(l1: L1Result, l2: L2Result, l3: list[KernelFinding],
                    context: JobContext | None = None,
                    config: VerdictConfig | None = None,
                    minor: list[Verdict] | None = None,
-                   links: list[LinkFinding] | None = None) -> list[Verdict]:
+                   links: list[LinkFinding] | None = None,
+                   cpu_wait: Callable[[int, int | None], float | None] | None = None,
+                   ) -> list[Verdict]:
     """Combine L1 culprits, L2 findings, host findings, L3 findings and slow links into one
-    verdict per rank; candidates that cost less than the floor go to ``minor`` when given."""
+    verdict per rank; candidates that cost less than the floor go to ``minor`` when given.
+    ``cpu_wait(rank, from_step)``: seconds a step the rank waited for a CPU beyond its peers
+    (``argus_core.detect.cpu_wait``); a compute verdict it explains is a host one."""
     context = context or JobContext()
     config = config or VerdictConfig()
     l2_by_rank = defaultdict(list)
@@ -166,11 +172,28 @@ def build_verdicts(l1: L1Result, l2: L2Result, l3: list[KernelFinding],
         if chosen is not None and chosen.cause == "compute" and host_too and _cost_s(
                 host_too[0]) > _cost_s(chosen):  # slow compute shows no host time, but a
             chosen = host_too[0]  # stalled rank's compute may slow a little: the larger wins
+        if chosen is not None and chosen.cause == "compute" and cpu_wait is not None:
+            chosen = _short_of_cpu(chosen, cpu_wait(rank, onset), onset, config)
         if chosen is not None:
             verdicts.append(chosen)
         elif candidates and minor is not None:
             minor.append(candidates[0])
     return verdicts
+
+
+def _short_of_cpu(verdict: Verdict, extra_wait_s: float | None, onset: int | None,
+                  config: VerdictConfig) -> Verdict:
+    """A compute verdict as host when the rank's extra wait for a CPU explains most of it."""
+    if extra_wait_s is None or verdict.cost is None or not verdict.cost.seconds > 0:
+        return verdict
+    if extra_wait_s < config.cpu_wait_share * verdict.cost.seconds:
+        return verdict
+    since = f" from step {onset}" if onset is not None else ""
+    return Verdict(verdict.rank, "host",
+                   f"short of CPU: its training thread waited {_seconds(extra_wait_s)} a step "
+                   f"longer for a CPU than its peers'{since} (another process on its cores, or "
+                   f"more busy threads than cores), so it is not slow at its own work; "
+                   f"{verdict.evidence}", verdict.cost, verdict.peer)
 
 
 def _cost_s(verdict: Verdict) -> float:

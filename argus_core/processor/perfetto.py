@@ -145,6 +145,10 @@ def _add_step(builder: TraceProtoBuilder, record: Any, end: int | None, seq: int
     event = _slice(builder, seq, _STEPS, f"step {_get(record, 'step')}", begin, end)
     _annotate(event, "wall_s", float(_get(record, "wall_s") or 0.0))
     _annotate(event, "gpu_s", float(_get(record, "gpu_s") or 0.0))
+    cpu_wait = (record.get("cpu_wait_s") if isinstance(record, Mapping)
+                else getattr(record, "cpu_wait_s", None))
+    if cpu_wait is not None:  # how long the training thread waited for a CPU
+        _annotate(event, "cpu_wait_s", float(cpu_wait))
     cursor = begin
     peers = (record.get("peers") if isinstance(record, Mapping)
              else getattr(record, "peers", None)) or {}

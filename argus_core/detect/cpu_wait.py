@@ -1,0 +1,50 @@
+"""Ranks short of CPU: a slow rank whose training thread waited for a CPU longer than its peers'.
+
+A rank whose thread is runnable but not running (another process on its cores, more busy
+threads than cores, a noisy neighbour) is slow without being slow at its own work: its phases
+stretch, on a CPU job and on a launch-bound GPU job alike, and L2 sees compute. The exporters
+record how long the thread that closes each step waited for a CPU during it (``cpu_wait_s``,
+Linux's run delay). Per rank, ``d_t`` = its wait at step t minus the median wait of the other
+ranks at t (a pair: its partner's); a compute verdict whose median ``d`` over its steps is at
+least ``min_share`` of what it costs the job a step is a host verdict instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from argus_core.detect.steps import StepMatrix
+from argus_core.stats.robust import nanmedian
+
+MIN_STEPS = 3  # steps with a recorded wait on the rank and its peers before it is judged
+
+
+@dataclass(frozen=True)
+class CpuWaitConfig:
+    """When waiting for a CPU explains a slow rank (the default is the documented one)."""
+
+    min_share: float = 0.5  # its extra wait is at least this share of the verdict's cost
+
+
+def extra_cpu_wait(matrix: StepMatrix, rank: int, from_step: int | None = None,
+                   ) -> float | None:
+    """Seconds a step ``rank``'s training thread waited for a CPU beyond the other ranks'
+    (median over its steps from ``from_step``); None where too few steps carry the wait."""
+    waits = matrix.cpu_wait
+    if waits is None or len(matrix.ranks) < 2:
+        return None
+    where = np.flatnonzero(matrix.ranks == rank)
+    if not len(where):
+        return None
+    row = int(where[0])
+    columns = (matrix.steps >= from_step) if from_step is not None else np.ones(
+        len(matrix.steps), dtype=bool)
+    own = waits[row, columns]
+    others = np.delete(waits, row, axis=0)[:, columns]
+    if not others.size:
+        return None
+    d = own - nanmedian(others, axis=0)
+    d = d[~np.isnan(d)]
+    return float(np.median(d)) if len(d) >= MIN_STEPS else None
