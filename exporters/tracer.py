@@ -562,7 +562,7 @@ class Tracer:
             with self._lock:
                 for _ in batch:
                     self._pending.popleft()
-            times = _offsets_many(clock, [step.marks for step in batch])
+            batch, times = self._read_times(batch)
             epochs = (_epochs_many(clock, [step.marks[0] for step in batch])
                       if self._device and self.settings.phases else [None] * len(batch))
             spans = self.spans is not None and self.spans.active()  # apps may set it late
@@ -570,6 +570,25 @@ class Tracer:
                         for step, step_times, epoch in zip(batch, times, epochs, strict=True)]
             self.metrics.observe_many(observed)
             done += len(batch)
+
+    def _read_times(self, batch: list[_Step]) -> tuple[list[_Step], list[list[float]]]:
+        """The steps' marks' times, in one batch; when CUDA refuses a read (an event of another
+        device, a destroyed one), step by step, and a step it refuses is dropped and counted
+        (``device_read_error``): never an exception into training or the resolver's end."""
+        clock = self.clock
+        try:
+            return batch, _offsets_many(clock, [step.marks for step in batch])
+        except RuntimeError:
+            pass
+        kept, times = [], []
+        for step in batch:
+            try:
+                times.append(_offsets_many(clock, [step.marks])[0])
+            except RuntimeError:
+                self._discard(step, "device_read_error")
+                continue
+            kept.append(step)
+        return kept, times
 
     def _resolve(self, step: _Step, times: list[float], epoch: int | None, spans: bool,
                  ) -> tuple[float, float, dict[str, float]]:

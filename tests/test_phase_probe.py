@@ -467,3 +467,38 @@ def test_the_current_stream_is_built_again_only_when_it_changed():
     other = clock.current_stream()
     assert other.device == 1 and other.cuda_stream == 0 and state["built"] == 3
     assert clock.current_stream() is other and state["built"] == 3
+
+
+class _RefusingReader(TorchEvents):
+    """Torch's methods, except that CUDA refuses any elapsed time ending at a ``bad`` event
+    (an event of another device, or destroyed)."""
+
+    def __init__(self):
+        self.bad: set[int] = set()
+
+    def elapsed_ms(self, start, end):
+        if id(end) in self.bad:
+            raise RuntimeError("CUDA error: invalid resource handle")
+        return super().elapsed_ms(start, end)
+
+    def elapsed_pairs(self, starts, ends):
+        return [self.elapsed_ms(start, end) for start, end in zip(starts, ends, strict=True)]
+
+
+def test_a_step_whose_events_cuda_refuses_is_dropped_and_counted_not_raised(tmp_path):
+    """One step of a batch with an event CUDA will not read: the others are resolved, that
+    one is dropped as ``device_read_error``, and neither training nor the resolver sees the
+    error."""
+    cuda = DrivenCuda()
+    clock = CudaClock(cuda, pool_size=64, events=_RefusingReader())
+    tracer = Tracer(Settings(enabled=True, sink=f"file://{tmp_path}", flush_s=0.05), IDENTITY,
+                    clock=clock)
+    with tracer._poll_lock:  # park the resolver: the three steps resolve in one batch
+        for index in range(3):
+            scripted_step(tracer, cuda)
+            if index == 1:  # every mark of step 1 after its first
+                clock.reader.bad.update(id(m) for m in tracer._pending[-1].marks[1:])
+    assert tracer.poll() == 2
+    tracer.shutdown()
+    steps = [r["step"] for r in _records(tmp_path) if r["kind"] == "step"]
+    assert steps == [0, 2] and tracer.health.dropped == {"device_read_error": 1}
