@@ -241,6 +241,11 @@ class CudartEvents:
                 raise RuntimeError(f"cudaEventElapsedTime failed with CUDA error {code}")
             return self._ms.value
 
+    def prepare(self) -> None:
+        """Locate (or build) the bulk event reader now: the resolver thread calls this when it
+        starts, so a build never falls to the training thread's first inline poll."""
+        self._bulk_reader()
+
     def _bulk_reader(self) -> Any:
         """The bulk event reader, located (or built) on the first call; None without one."""
         choice = self._bulk_choice
@@ -405,6 +410,12 @@ class CudaClock:
         """Record ``mark`` again, now (a span's end moving to its latest part): no new event."""
         mark.record(stream if stream is not None else self.current_stream())
         return mark
+
+    def prepare(self) -> None:
+        """Ready the reader (the bulk event reader found or built) off the training thread."""
+        prepare = getattr(self.reader, "prepare", None)
+        if prepare is not None:
+            prepare()
 
     def ready(self, mark) -> bool:
         """Whether the event has completed: never blocks."""

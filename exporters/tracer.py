@@ -265,6 +265,10 @@ class Tracer:
             self.emit(rank_record(self.identity))
 
     def _resolve_loop(self) -> None:
+        prepare = getattr(self.clock, "prepare", None)
+        if prepare is not None:  # e.g. build the bulk event reader here, not in training
+            with contextlib.suppress(Exception):
+                prepare()
         while not self._closed:
             self._wake.wait(RESOLVE_PERIOD_S)
             self._wake.clear()

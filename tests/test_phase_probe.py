@@ -502,3 +502,29 @@ def test_a_step_whose_events_cuda_refuses_is_dropped_and_counted_not_raised(tmp_
     tracer.shutdown()
     steps = [r["step"] for r in _records(tmp_path) if r["kind"] == "step"]
     assert steps == [0, 2] and tracer.health.dropped == {"device_read_error": 1}
+
+
+def test_the_resolver_readies_the_bulk_reader_before_any_step(c_runtime, tmp_path, monkeypatch):
+    """The bulk event reader is found (or built) by the resolver thread when it starts, so
+    the training thread's first inline poll never waits for a compiler."""
+    import threading
+    import time
+
+    monkeypatch.setenv("ARGUS_CACHE_DIR", str(tmp_path / "cache"))
+    reader = CudartEvents(c_runtime)
+    loaded_on = []
+    load = reader._bulk_reader
+
+    def recording_load():
+        loaded_on.append(threading.current_thread().name)
+        return load()
+
+    reader._bulk_reader = recording_load
+    clock = CudaClock(DrivenCuda(), pool_size=8, events=reader)
+    tracer = Tracer(Settings(enabled=True, sink=f"file://{tmp_path}/spool", flush_s=0.05),
+                    IDENTITY, clock=clock)
+    deadline = time.monotonic() + 60
+    while reader._bulk is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    tracer.shutdown()
+    assert reader._bulk is not None and loaded_on[0] == "argus-resolver"
