@@ -10,8 +10,10 @@ continuous 10,000-step run with Argus on: ``self_us_per_step`` is the exporter's
 (training-thread hooks plus its shipper thread, from thread CPU clocks) per step and
 ``rss_growth_mb`` the resident memory growth from step 1,000 to the end. Last, the training
 thread's cost of timing one collective (``argus_exporters.collectives``), on a real one-rank
-gloo process group: interleaved pairs of 2,000 ``dist.all_reduce`` calls (sync, and async
-then waited) with the hooks uninstalled (the baseline) and installed;
+gloo process group: interleaved pairs of 2,000 all-reduce calls with the hooks uninstalled
+(the baseline) and installed, each way a job makes one: ``dist.all_reduce`` sync, and async
+then waited; DTensor's functional collective then ``wait_tensor`` (``functional``); and the
+functional operator then its wait as a compiled graph calls them (``graph``);
 ``collective_*_overhead_cpu_us`` is the median of the pairs' differences in the training
 thread's CPU time per call (its wall time is dominated by gloo's hand-off to its worker
 thread, tens of us that vary more than the hooks cost).
@@ -103,34 +105,42 @@ def collective_cost(pairs: int, calls: int = 2000) -> dict:
     with tempfile.TemporaryDirectory() as spool:
         dist.init_process_group("gloo", init_method=f"file://{spool}/pg", rank=0,
                                 world_size=1)
+        import torch.distributed._functional_collectives as funcol
+
         tracer = make_tracer(spool)
         tensor = torch.ones(4)
+        world = dist.group.WORLD
+        ops = torch.ops._c10d_functional
+        calls_by_kind = {
+            "sync": lambda: dist.all_reduce(tensor),
+            "async": lambda: dist.all_reduce(tensor, async_op=True).wait(),
+            "functional": lambda: funcol.all_reduce(tensor, "sum", world).wait(),
+            "graph": lambda: ops.wait_tensor(ops.all_reduce(tensor, "sum", world.group_name)),
+        }
 
-        def run(async_op: bool) -> tuple[float, float]:
+        def run(call) -> tuple[float, float]:
             """Per call: the training thread's CPU time and wall time, in us."""
             t0, c0 = time.perf_counter(), time.thread_time()
             for i in range(calls):
-                work = dist.all_reduce(tensor, async_op=async_op)
-                if async_op:
-                    work.wait()
+                call()
                 if i % 20 == 19:
                     tracer.step()
             return ((time.thread_time() - c0) / calls * 1e6,
                     (time.perf_counter() - t0) / calls * 1e6)
 
         out = {}
-        for async_op in (False, True):
-            run(async_op)  # warm
+        collectives.install(tracer)  # the functional hooks go in once funcol is imported
+        for kind, call in calls_by_kind.items():
+            run(call)  # warm
             cpu, wall, bases = [], [], []
             for _ in range(pairs):
                 collectives.uninstall()
-                base = run(async_op)
+                base = run(call)
                 collectives.install(tracer)
-                hooked = run(async_op)
+                hooked = run(call)
                 cpu.append(hooked[0] - base[0])
                 wall.append(hooked[1] - base[1])
                 bases.append(base)
-            kind = "async" if async_op else "sync"
             out[f"collective_{kind}_baseline_cpu_us"] = float(np.median([b[0] for b in bases]))
             out[f"collective_{kind}_baseline_wall_us"] = float(np.median([b[1] for b in bases]))
             out[f"collective_{kind}_overhead_cpu_us"] = float(np.median(cpu))

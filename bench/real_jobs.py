@@ -89,9 +89,13 @@ CASES = [
     Case("hog-2", 2, _fault(1, "hog", 0.0, ARGUS_TEST_PIN="1"), {1: "host"}),
     Case("tail-4", 4, _fault(1, "tail", 0.08, ARGUS_TEST_TAIL_SHARE="0.1"), {1: "compute"}),
 ]
-COMPILED_FUNCOL = ("the all-to-all inside the compiled forward is traced into the graph "
-                   "(a functional collective) and runs untimed: its waiting counts as forward")
-PARALLEL_RANKS = {"ddp": 2, "fsdp2": 2, "tp": 2, "moe": 2, "pp": 4}  # pp: 2 stages x 2 dp
+PARALLEL_RANKS = {"ddp": 2, "fsdp1": 2, "fsdp2": 2, "tp": 2, "moe": 2,
+                  "pp": 4}  # pp: 2 stages x 2 dp
+
+
+COMPILED_FSDP1 = ("FSDP1's hooks under torch.compile are compiled by dynamo together with the "
+                  "collective hooks they call, which then run untimed: forward's all-gathers "
+                  "count as forward")
 
 
 def _parallel_cases() -> list[Case]:
@@ -114,7 +118,7 @@ def _parallel_cases() -> list[Case]:
                        zero_code=True, script=PARALLEL_SCRIPT)]
         # compiled (torch.compile, eager backend): instrumented then compiled, and the
         # compiled model instrumented
-        limit = COMPILED_FUNCOL if parallel == "moe" else ""
+        limit = COMPILED_FSDP1 if parallel == "fsdp1" else ""
         cases += [Case(f"{parallel}-healthy-{ranks}-compiled", ranks,
                        {**base, "ARGUS_TEST_COMPILE": "1"}, script=PARALLEL_SCRIPT),
                   Case(f"{parallel}-late-{ranks}-compiled", ranks,

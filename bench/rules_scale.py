@@ -74,9 +74,15 @@ PHASES = {"attention": 0.018, "mlp": 0.030, "backward": 0.087, "optimizer": 0.00
           "tp-comm": 0.004, "ep-alltoall": 0.003, "pp-p2p": 0.001, "dp-allreduce": 0.013}
 TOPOLOGY = {10_000: Topology(tp=4, ep=2, pp=5, dp=250)}
 STEP_S = 4.0
-SLOW_RANK = 1234
+SLOW_RANK = 1234  # the rank whose mlp phase and one kernel are 2x (``slow_rank``)
 # each window statistic of a phase or step over its median (argus_*_window_seconds{stat})
 WINDOW_STATS = {"min": 0.98, "p25": 0.99, "median": 1.0, "p75": 1.01, "max": 1.03}
+
+
+def slow_rank(ranks: int) -> int:
+    """The slow rank of a ``ranks``-rank cluster: SLOW_RANK, or the middle rank of one
+    smaller than that."""
+    return SLOW_RANK if ranks > SLOW_RANK else ranks // 2
 
 
 def topology_for(ranks: int) -> Topology:
@@ -119,6 +125,7 @@ class SyntheticCluster:
         self.started = time.time()
         rng = np.random.default_rng(0)
         self.speed = np.exp(rng.normal(0, 0.01, ranks))
+        self.slow_rank = slow_rank(ranks)
         self.groups = np.array_split(np.arange(ranks), targets)
         self.kernel_text = kernel_text
         self.prefixes = []
@@ -136,7 +143,7 @@ class SyntheticCluster:
         """Each member rank's value of one series at ``now``."""
         steps = np.floor((now - self.started) / STEP_S) + 100
         phase = extra.get("phase")
-        slow = np.where(members == SLOW_RANK, 2.0, 1.0) if phase == "mlp" else 1.0
+        slow = np.where(members == self.slow_rank, 2.0, 1.0) if phase == "mlp" else 1.0
         speed = self.speed[members]
         if phase is not None:
             seconds = PHASES[phase] * speed * slow
@@ -222,7 +229,7 @@ def kernel_exposition(ranks: int, kernels: int, targets: int) -> list[bytes]:
 
     if kernels == 0:
         return []
-    summary = synthetic_summaries(ranks, kernels, slow={SLOW_RANK: 2.0})
+    summary = synthetic_summaries(ranks, kernels, slow={slow_rank(ranks): 2.0})
     parts = []
     for members in np.array_split(np.arange(ranks), targets):
         part = summary.take(np.isin(summary.rank, members))
@@ -322,11 +329,11 @@ def api_answers(summary) -> tuple[bytes, bytes]:
 def scorer_compute(ranks: int, kernels: int) -> dict:
     """Parse and compute time of one scorer round at ``ranks`` x ``kernels``, fetched (as the
     scorer fetches) one peer set (pipeline stage) at a time."""
-    summary = synthetic_summaries(ranks, kernels, slow={SLOW_RANK: 2.0})
+    summary = synthetic_summaries(ranks, kernels, slow={slow_rank(ranks): 2.0})
     one = scorer_shard(summary, ranks, 0, 1)
     judgement = one.pop("judgement")
     flagged = set(judgement.kernels.rank[judgement.kernels.straggler].tolist())
-    return {**one, "scorer_slow_rank_found": flagged == {SLOW_RANK},
+    return {**one, "scorer_slow_rank_found": flagged == {slow_rank(ranks)},
             "scorer_l2_tests": judgement.l2_tests,  # the L2 ran on every rank and phase
             "scorer_l2_findings": sorted({f"{f.rank}:{f.phase}:{f.axis}"
                                           for f in judgement.phases})}
@@ -335,7 +342,7 @@ def scorer_compute(ranks: int, kernels: int) -> dict:
 def scorer_shards(ranks: int, kernels: int, shards: int) -> dict:
     """The same round split over ``shards`` scorers (``--split peer-set``), one after the
     other: each shard's round seconds, and whether together they publish what one does."""
-    summary = synthetic_summaries(ranks, kernels, slow={SLOW_RANK: 2.0})
+    summary = synthetic_summaries(ranks, kernels, slow={slow_rank(ranks): 2.0})
     whole = scorer_shard(summary, ranks, 0, 1)
     parts = [scorer_shard(summary, ranks, i, shards) for i in range(shards)]
 
@@ -416,10 +423,10 @@ def scorer_shard(summary, ranks: int, shard: int, shards: int) -> dict:
 
 def phase_snapshot(ranks: int, coords: np.ndarray) -> PhaseTable:
     """The phase table the scorer's L2 judges (medians, shortest collective times, median
-    step times; ranks 1% apart, SLOW_RANK's mlp 2x), as ``phase_table`` builds it."""
+    step times; ranks 1% apart, the slow rank's mlp 2x), as ``phase_table`` builds it."""
     rng = np.random.default_rng(1)
     values = np.array(list(PHASES.values()))[None, :] * np.exp(rng.normal(0, 0.01, (ranks, 1)))
-    values[SLOW_RANK, list(PHASES).index("mlp")] *= 2.0
+    values[slow_rank(ranks), list(PHASES).index("mlp")] *= 2.0
     wall = values.sum(axis=1).max() * 1.05 * np.ones(ranks)
     return PhaseTable(np.arange(ranks), list(PHASES), values, coords, wall,
                       [f"node-{r // 8}" for r in range(ranks)], values * 0.98)

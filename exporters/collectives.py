@@ -7,8 +7,13 @@ Python, in whichever spelling the installed torch has (2.4 to 2.13):
   ``all_gather_into_tensor``, ``reduce_scatter_tensor``, ``all_to_all_single``, ``send``...,
   sync or ``async_op=True``; FSDP 1 and 2 and pipeline schedules call these), with
   ``Work.wait``: the collective lasts from its issue to the end of its wait;
-- the functional collectives DTensor's tensor parallelism calls (``funcol.all_reduce``...),
-  which last from their issue to the end of ``wait_tensor``.
+- the functional collective operators, ``torch.ops._c10d_functional`` (and
+  ``_c10d_functional_autograd``): what DTensor's tensor parallelism calls through
+  ``funcol.all_reduce``... in eager mode, and what a compiled graph calls when dynamo traced
+  a collective into it (an MoE layer's ``dist.all_to_all_single`` in a compiled forward).
+  The Python callable behind each operator and its overloads is wrapped, so the graph's
+  operators stay the objects torch knows; each lasts from its call to the end of the
+  ``wait_tensor`` of its result.
 
 A send or recv also names its peer (the global rank it exchanges data with), so that the
 step record holds its time per peer and a slow link between two pipeline stages can be told
@@ -27,8 +32,12 @@ rank's coordinates put the whole world on the dp axis, else ``world``); any othe
 ``pg``. Registering a group or building a named mesh also gives the rank its coordinate on
 that axis (its rank in the group) unless ``ARGUS_COORDS`` set the coordinates.
 
-Off (Argus disabled or ``ARGUS_COLLECTIVES=0``) nothing is patched. Inside a compiled region
-(``torch.compile``) the wrappers call straight through and nothing is timed.
+Off (Argus disabled or ``ARGUS_COLLECTIVES=0``) nothing is patched. While torch.compile traces
+or compiles (``torch.compiler.is_compiling``: AOT autograd calls the functional operators on
+fake tensors), the wrappers call straight through; the graph's collectives are timed each
+time it runs (not the functional point-to-point operators, ``isend``/``irecv``). A wrapper
+that dynamo compiles as a frame of its own calls straight through when it runs: FSDP1's
+hooks under torch.compile, whose collectives are not timed.
 """
 
 from __future__ import annotations
@@ -59,14 +68,21 @@ PG_METHODS = {
     "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
     "send": "send", "recv": "recv", "recv_anysource": "recv", "barrier": "barrier",
 }
-# functional collective -> operation name (DTensor's collectives)
-FUNCOL_FUNCTIONS = {
-    "all_reduce": "allreduce", "all_gather_tensor": "allgather",
-    "all_gather_single": "allgather", "reduce_scatter_tensor": "reducescatter",
-    "reduce_scatter_single": "reducescatter", "all_to_all_single": "alltoall",
-    "broadcast": "broadcast", "all_reduce_coalesced": "allreduce",
-    "all_gather_into_tensor_coalesced": "allgather",
-    "reduce_scatter_tensor_coalesced": "reducescatter",
+# torch.ops namespaces of the functional collectives, and each operator -> operation name
+FUNCTIONAL_OPS = {
+    "_c10d_functional": {
+        "all_reduce": "allreduce", "all_reduce_": "allreduce",
+        "all_reduce_coalesced": "allreduce", "all_reduce_coalesced_": "allreduce",
+        "all_gather_into_tensor": "allgather", "all_gather_into_tensor_out": "allgather",
+        "all_gather_into_tensor_coalesced": "allgather",
+        "reduce_scatter_tensor": "reducescatter", "reduce_scatter_tensor_out": "reducescatter",
+        "reduce_scatter_tensor_coalesced": "reducescatter",
+        "all_to_all_single": "alltoall", "broadcast": "broadcast", "broadcast_": "broadcast",
+    },
+    "_c10d_functional_autograd": {
+        "all_gather_into_tensor": "allgather", "reduce_scatter_tensor": "reducescatter",
+        "all_to_all_single": "alltoall",
+    },
 }
 MESH_AXES = {"dp": "dp", "dp_shard": "dp", "dp_replicate": "dp", "fsdp": "dp", "ddp": "dp",
              "hsdp": "dp", "tp": "tp", "pp": "pp", "ep": "ep"}
@@ -101,6 +117,8 @@ class Collectives:
         self._learned: dict[str, int] = {}  # axis -> this rank's coordinate on it
         # (id(group), rank in it) -> (weak reference to the group, its global rank)
         self._global: dict[tuple[int, int], tuple[Callable[[], Any], int]] = {}
+        # group name -> (weak reference to the group, phase name per operation)
+        self._labelled: dict[str, tuple[Callable[[], Any], dict[str, str]]] = {}
         self.works: dict[int, Any] = {}  # id(work) -> PhaseToken of its collective
         self.tensors: dict[int, Any] = {}  # result's storage address -> PhaseToken (funcol)
         self._lock = threading.Lock()
@@ -125,6 +143,20 @@ class Collectives:
             group)
         names = {op: f"{axis}-{op}" for op in OPS}
         self._names[id(group)] = (_held_weakly(group), names)
+        return names
+
+    def named(self, label: Any) -> dict[str, str]:
+        """Phase name per operation for collectives on the group a functional operator's
+        ``group_name`` argument names (cached per name while its group lives)."""
+        entry = self._labelled.get(label)
+        if entry is not None and entry[0]() is not None:
+            return entry[1]
+        group = _group_named(label) if isinstance(label, str) else None
+        names = self.names(group)
+        if group is not None:
+            if len(self._labelled) >= MAX_PENDING:
+                self._labelled.clear()
+            self._labelled[label] = (_held_weakly(group), names)
         return names
 
     def peer(self, group: Any, group_rank: Any) -> int:
@@ -253,8 +285,8 @@ def install(tracer: Any) -> Collectives | None:
             state = _installed = Collectives(tracer)
             _patch_process_group(state)
             _patch_device_mesh(state)
-            # DTensor's module: patched once imported (never imported from here: this may
-            # run while torch itself is importing)
+            # the functional operators: once their Python module is imported (never imported
+            # from here: this may run while torch itself is importing)
             after_import("torch.distributed._functional_collectives",
                          lambda: _patch_functional(state))
         except Exception:  # never break training: it goes on with DDP's phases only
@@ -344,57 +376,70 @@ def _timed_method(state: Collectives, original: Any, op: str,
 
 
 def _patch_functional(state: Collectives) -> None:
-    import torch.distributed._functional_collectives as funcol
+    """Wrap the callable behind each functional collective operator and its overloads
+    (``OpOverloadPacket._op``, ``OpOverload._op``): what funcol's functions and a compiled
+    graph call."""
+    import torch
 
-    if _installed is not state:  # uninstalled before DTensor's module was imported
+    if _installed is not state:  # uninstalled before the functional module was imported
         return
-    wait_tensor = funcol.wait_tensor
-    if getattr(wait_tensor, "_argus", False):
-        return
+    for namespace, operators in (*FUNCTIONAL_OPS.items(), ("_c10d_functional",
+                                                           {"wait_tensor": None})):
+        for name, op in operators.items():
+            try:
+                packet = getattr(getattr(torch.ops, namespace), name)
+                overloads = [getattr(packet, o) for o in packet.overloads()]
+            except (AttributeError, RuntimeError):  # not in this torch
+                continue
+            for owner in (packet, *overloads):
+                original = vars(owner).get("_op")
+                if original is None or getattr(original, "_argus", False):
+                    continue
+                state.patch(owner, "_op", _timed_wait_tensor(state, original) if op is None
+                            else _timed_operator(state, original, op))
 
+
+def _timed_wait_tensor(state: Collectives, wait_tensor: Any) -> Any:
+    """``wait_tensor`` that ends the collective whose result it waits for, if one is timed."""
     tracer, tensors = state.tracer, state.tensors
 
-    def timed_wait_tensor(tensor):
+    def timed_wait_tensor(tensor, *args, **kwargs):
         token = tensors.pop(_storage(tensor), None) if tensors else None
         if token is None:
-            return wait_tensor(tensor)
+            return wait_tensor(tensor, *args, **kwargs)
         waited_from = tracer.wait_mark(token)
-        result = wait_tensor(tensor)
+        result = wait_tensor(tensor, *args, **kwargs)
         tracer.end_collective(token, waited_from)
         return result
 
     timed_wait_tensor._argus = True  # type: ignore[attr-defined]
-    state.patch(funcol, "wait_tensor", timed_wait_tensor)
-    for function, op in FUNCOL_FUNCTIONS.items():
-        original = getattr(funcol, function, None)
-        if original is not None:
-            state.patch(funcol, function, _timed_functional(state, funcol, original, op))
+    return timed_wait_tensor
 
 
-def _timed_functional(state: Collectives, funcol: Any, original: Any, op: str) -> Any:
+def _timed_operator(state: Collectives, original: Any, op: str) -> Any:
+    """A functional collective operator timed from its call to the ``wait_tensor`` of its
+    result (of a list of results, the last one's), its group read off its ``group_name``
+    argument (the last positional one)."""
     import torch
 
     compiling = torch.compiler.is_compiling
+    tracer, tensors, tensor_type = state.tracer, state.tensors, torch.Tensor
+    begin, named = tracer.begin_phase, state.named
 
-    def timed(tensor, *args, **kwargs):
-        if state.muted or compiling():
-            return original(tensor, *args, **kwargs)
-        group = kwargs.get("group")
-        if group is None:  # positional: the last argument that is no tag (a string)
-            group = next((a for a in reversed(args) if not isinstance(a, str)), None)
-        name = state.names(_group_object(funcol, group))[op]
-        state.muted += 1
-        try:
-            token = state.tracer.begin_phase(name, collective=True)
-            result = original(tensor, *args, **kwargs)
-        finally:
-            state.muted -= 1
+    def timed(*args, **kwargs):
+        if compiling() or state.muted:
+            return original(*args, **kwargs)
+        label = args[-1] if not kwargs else kwargs.get("group_name", args[-1] if args else None)
+        token = begin(named(label)[op], collective=True)
+        result = original(*args, **kwargs)
         if token is not None:
-            elem = getattr(result, "elem", None)
-            if elem is None:  # waited already (tracing, or a list of results)
-                state.tracer.end_collective(token, None)
+            last = result if type(result) is not list or not result else result[-1]
+            if not isinstance(last, tensor_type):
+                tracer.end_collective(token, None)
+            elif len(tensors) < MAX_PENDING:
+                tensors[_storage(last)] = token
             else:
-                state.remember(state.tensors, _storage(elem), token)
+                state.remember(tensors, _storage(last), token)
         return result
 
     timed._argus = True  # type: ignore[attr-defined]
@@ -410,25 +455,15 @@ def _storage(tensor: Any) -> int:
         return id(tensor)
 
 
-def _group_object(funcol: Any, group: Any) -> Any:
-    """The ProcessGroup a functional collective's ``group`` argument means (a group, a mesh
-    and dimension, a mesh, a list of ranks or a group name); None when it cannot be told."""
+def _group_named(name: str) -> Any:
+    """The ProcessGroup registered under ``name`` (a functional operator's ``group_name``);
+    None when there is none."""
     try:
-        import torch.distributed as dist
+        from torch.distributed.distributed_c10d import _resolve_process_group
 
-        if isinstance(group, dist.ProcessGroup):
-            return group
-        if isinstance(group, tuple) and len(group) == 2:
-            return group[0].get_group(group[1])
-        if hasattr(group, "get_group"):
-            return group.get_group()
-        if isinstance(group, str):
-            from torch.distributed.distributed_c10d import _resolve_process_group
-
-            return _resolve_process_group(group)
+        return _resolve_process_group(name)
     except Exception:
         return None
-    return None
 
 
 def _patch_device_mesh(state: Collectives) -> None:

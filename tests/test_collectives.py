@@ -200,17 +200,19 @@ def test_the_operations_the_exporters_name_are_communication():
     assert COLLECTIVE_OPS == OPS  # the core knows every name the exporters give
 
 
-ONE_RANK = textwrap.dedent("""
+ONE_RANK_START = textwrap.dedent("""
     import json, os, sys, torch, torch.distributed as dist
     dist.init_process_group("gloo", init_method="file://" + sys.argv[1] + "/pg", rank=0,
                             world_size=1)
     import argus_exporters
     from argus_exporters import collectives
-    from torch.distributed.device_mesh import init_device_mesh
-    import torch.distributed._functional_collectives as funcol
     model = torch.nn.Linear(4, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     argus_exporters.instrument(model, optimizer)
+""")  # a one-rank gloo job, instrumented with the one-line API
+ONE_RANK = ONE_RANK_START + textwrap.dedent("""
+    from torch.distributed.device_mesh import init_device_mesh
+    import torch.distributed._functional_collectives as funcol
     group = dist.group.WORLD
     for step in range(4):
         if step == 2:  # from now on the world is the tp axis of a named mesh
@@ -286,6 +288,50 @@ def test_off_patches_nothing(tmp_path):
     """``ARGUS_COLLECTIVES=0``: no collective phase, DDP-less jobs keep only their phases."""
     _, trace = _run_one_rank(tmp_path, {"ARGUS_COLLECTIVES": "0"})
     assert {"forward", "backward", "optimizer"} == set(trace.steps.phase_names)
+
+
+COMPILED_ONE_RANK = ONE_RANK_START + textwrap.dedent("""
+    def exchange(x):
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x.contiguous())
+        dist.all_reduce(out)
+        return out * 2
+
+    compiled = torch.compile(exchange, backend=sys.argv[2])
+    for step in range(4):
+        out = model(torch.ones(4))
+        compiled(out.detach())
+        out.sum().backward()
+        optimizer.step()
+    state = collectives.installed()
+    pending = len(state.works) + len(state.tensors)
+    breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
+    argus_exporters.shutdown()
+    dist.destroy_process_group()
+    print(json.dumps({"pending": pending, "graph_breaks": breaks}))
+""")
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_collectives_traced_into_a_compiled_graph_are_timed_when_it_runs(backend, tmp_path):
+    """``dist.all_to_all_single`` and ``dist.all_reduce`` inside a compiled function become
+    functional operators of the graph (called as the packet by dynamo's graph, as the
+    overload by AOT autograd's and by inductor's generated code): each is timed when the
+    graph runs, every step, and ends at its wait, with no graph break."""
+    script = tmp_path / "compiled.py"
+    script.write_text(COMPILED_ONE_RANK)
+    spool = tmp_path / "spool"
+    env = {**os.environ, "ARGUS_ENABLED": "1", "ARGUS_SINK": f"file://{spool}",
+           "ARGUS_JOB": "one"}
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path), backend], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {"pending": 0, "graph_breaks": 0}
+    steps = _names_by_step(load_traces([spool]).traces["one"])
+    assert len(steps) == 4
+    for names in steps:
+        assert {"dp-alltoall", "dp-allreduce"} <= names, names
 
 
 UNWAITED = textwrap.dedent("""
@@ -390,13 +436,19 @@ def _graph_breaks(tmp_path, parallel: str, argus: bool, fault: dict,
     return json.loads(Path(f"{counters}.0.json").read_text()), spool
 
 
+COMPILED_COLLECTIVE = {"ddp": "dp-allreduce", "fsdp2": "dp-allgather", "tp": "tp-allreduce",
+                       "moe": "ep-alltoall"}  # a collective each compiled job has timed
+
+
 @pytest.mark.parametrize(("parallel", "compile_mode"),
-                         [("ddp", "1"), ("fsdp2", "1"), ("tp", "1"), ("ddp", "first")])
+                         [("ddp", "1"), ("fsdp2", "1"), ("tp", "1"), ("moe", "1"),
+                          ("ddp", "first")])
 def test_a_compiled_model_is_diagnosed_without_graph_breaks_of_argus(parallel, compile_mode,
                                                                      tmp_path):
     """``torch.compile`` after ``instrument`` (or ``instrument`` of the compiled model, whose
-    DDP module inside still gets its comm hook): the slow rank is found, and dynamo reports
-    no graph-break reason that the same job without Argus does not have."""
+    DDP module inside still gets its comm hook): the slow rank is found, its collectives are
+    timed (the MoE layer's all-to-all and DTensor's all-reduces run inside the graph), and
+    dynamo reports no graph-break reason that the same job without Argus does not have."""
     fault = {"ARGUS_TEST_SLOW_RANK": "1", "ARGUS_TEST_FAULT": "compute",
              "ARGUS_TEST_SLEEP_S": "0.02"}
     plain, _ = _graph_breaks(tmp_path, parallel, False, fault, compile_mode)
@@ -405,6 +457,6 @@ def test_a_compiled_model_is_diagnosed_without_graph_breaks_of_argus(parallel, c
     from argus_core.detect.diagnose import diagnose
 
     trace = load_traces([spool]).traces["compiled"]
-    assert parallel != "ddp" or "dp-allreduce" in trace.steps.phase_names
+    assert COMPILED_COLLECTIVE[parallel] in trace.steps.phase_names
     doc = diagnose(trace).to_json()
     assert {v["rank"]: v["cause"] for v in doc["verdict"]} == {1: "compute"}

@@ -4,6 +4,9 @@ ARGUS_TEST_PARALLEL picks how the model is split across the ranks:
 - ``ddp``: DistributedDataParallel (its all-reduce through DDP's comm hook);
 - ``fsdp2``: ``fully_shard`` on each layer and the model (all-gathers in forward and backward,
   reduce-scatters in backward);
+- ``fsdp1``: ``FullyShardedDataParallel`` wrapping each linear layer and the model (the same
+  collectives through FSDP1's own code; ``device_id`` cpu, which torch 2.13 needs on a machine
+  without an accelerator);
 - ``tp``: DTensor tensor parallelism on a ``("tp",)`` DeviceMesh (column- then row-wise
   linear layers: an all-reduce inside forward and one inside backward);
 - ``pp``: a pipeline on a ``("dp", "pp")`` mesh of 2 x 2: two stages exchanging activations
@@ -136,6 +139,12 @@ elif PARALLEL == "fsdp2":
     for layer in (model[0], model[2]):
         fully_shard(layer)
     fully_shard(model)
+elif PARALLEL == "fsdp1":
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    model = FullyShardedDataParallel(_mlp(), device_id=torch.device("cpu"), use_orig_params=True,
+                                     auto_wrap_policy=ModuleWrapPolicy({torch.nn.Linear}))
 elif PARALLEL == "tp":
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
@@ -158,9 +167,10 @@ elif PARALLEL == "moe":
     ep_mesh = _mesh((world,), ("ep",))
     model = _Moe(ep_mesh.get_group("ep"))
 else:
-    raise SystemExit(f"ARGUS_TEST_PARALLEL={PARALLEL!r}: expected ddp, fsdp2, tp, pp, pp4 or moe")
-first = {"ddp": lambda: model.module[0], "moe": lambda: model.router}.get(PARALLEL,
-                                                                          lambda: model[0])()
+    raise SystemExit(f"ARGUS_TEST_PARALLEL={PARALLEL!r}: expected ddp, fsdp1, fsdp2, tp, pp, "
+                     "pp4 or moe")
+first = {"ddp": lambda: model.module[0], "fsdp1": lambda: model.module[0],
+         "moe": lambda: model.router}.get(PARALLEL, lambda: model[0])()
 first.register_forward_pre_hook(lambda module, args: _fault("compute"))  # inside forward
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 COMPILE = os.environ.get("ARGUS_TEST_COMPILE", "")
