@@ -117,8 +117,7 @@ class Collectives:
         self._learned: dict[str, int] = {}  # axis -> this rank's coordinate on it
         # (id(group), rank in it) -> (weak reference to the group, its global rank)
         self._global: dict[tuple[int, int], tuple[Callable[[], Any], int]] = {}
-        # group name -> (weak reference to the group, phase name per operation)
-        self._labelled: dict[str, tuple[Callable[[], Any], dict[str, str]]] = {}
+        self._labelled: dict[str, Callable[[], Any]] = {}  # group name -> weak reference
         self.works: dict[int, Any] = {}  # id(work) -> PhaseToken of its collective
         self.tensors: dict[int, Any] = {}  # result's storage address -> PhaseToken (funcol)
         self._lock = threading.Lock()
@@ -147,17 +146,17 @@ class Collectives:
 
     def named(self, label: Any) -> dict[str, str]:
         """Phase name per operation for collectives on the group a functional operator's
-        ``group_name`` argument names (cached per name while its group lives)."""
-        entry = self._labelled.get(label)
-        if entry is not None and entry[0]() is not None:
-            return entry[1]
-        group = _group_named(label) if isinstance(label, str) else None
-        names = self.names(group)
-        if group is not None:
-            if len(self._labelled) >= MAX_PENDING:
-                self._labelled.clear()
-            self._labelled[label] = (_held_weakly(group), names)
-        return names
+        ``group_name`` argument names (the group looked up once per name; its names through
+        ``names``, which forgets them when a mesh renames the group)."""
+        held = self._labelled.get(label)
+        group = held() if held is not None else None
+        if group is None and isinstance(label, str):
+            group = _group_named(label)
+            if group is not None:
+                if len(self._labelled) >= MAX_PENDING:
+                    self._labelled.clear()
+                self._labelled[label] = _held_weakly(group)
+        return self.names(group)
 
     def peer(self, group: Any, group_rank: Any) -> int:
         """The global rank of ``group``'s rank ``group_rank`` (cached per group; NO_PEER

@@ -33,24 +33,32 @@ class StepMetrics:
         self.wall_total = 0.0
         self.gpu_total = 0.0
         self._wall: deque[float] = deque(maxlen=window_steps)
+        self.cpu_wait_total = 0.0  # seconds the step-closing thread waited for a CPU
+        self._cpu_wait: deque[float] = deque(maxlen=window_steps)  # of the steps that say
         # phase -> [sum of its relative positions in its steps, steps, total seconds, window]
         self._phase_state: dict[str, list] = {}
         self.window_steps = window_steps
 
-    def observe(self, wall_s: float, gpu_s: float, phases: dict[str, float]) -> None:
+    def observe(self, wall_s: float, gpu_s: float, phases: dict[str, float],
+                cpu_wait_s: float | None = None) -> None:
         """Add one completed step."""
-        self.observe_many([(wall_s, gpu_s, phases)])
+        self.observe_many([(wall_s, gpu_s, phases, cpu_wait_s)])
 
-    def observe_many(self, steps: list[tuple[float, float, dict[str, float]]]) -> None:
+    def observe_many(self, steps: list[tuple[float, float, dict[str, float], float | None]],
+                     ) -> None:
         """Add completed steps, each (wall seconds, device seconds, seconds per phase in the
-        order the phases started), under one lock."""
+        order the phases started, seconds the closing thread waited for a CPU or None),
+        under one lock."""
         with self._lock:
-            states, walls = self._phase_state, self._wall
-            for wall_s, gpu_s, phases in steps:
+            states, walls, waits = self._phase_state, self._wall, self._cpu_wait
+            for wall_s, gpu_s, phases, cpu_wait_s in steps:
                 self.steps += 1
                 self.wall_total += wall_s
                 self.gpu_total += gpu_s
                 walls.append(wall_s)
+                if cpu_wait_s is not None:
+                    self.cpu_wait_total += cpu_wait_s
+                    waits.append(cpu_wait_s)
                 last = max(len(phases) - 1, 1)
                 for i, (name, seconds) in enumerate(phases.items()):
                     state = states.get(name)
@@ -80,6 +88,11 @@ class StepMetrics:
         with self._lock:
             return np.array(self._wall), {name: np.array(state[3])
                                           for name, state in self._phase_state.items()}
+
+    def cpu_wait_window(self) -> np.ndarray:
+        """The CPU waits of the last N steps that carried one (none off Linux)."""
+        with self._lock:
+            return np.array(self._cpu_wait)
 
     def collect(self):
         """Prometheus collector protocol: fresh metric families on every scrape."""
@@ -113,6 +126,10 @@ class StepMetrics:
             yield family
 
         walls, phase_windows = self.window()
+        waits = self.cpu_wait_window()
+        if len(waits):  # the scorer's "short of CPU": a rank waiting longer than its peers
+            yield from _cpu_wait_families(names, values, self.cpu_wait_total,
+                                          float(np.median(waits)))
         labelled = {  # name -> (kind, help, extra labels, [(extra values, value)])
             "argus_phase_seconds": (counter, "Device time per phase of completed steps.",
                                     ["phase"], [([p], v) for p, v in
@@ -152,6 +169,21 @@ class StepMetrics:
             family = gauge(name, doc, labels=names)
             family.add_metric(values, value)
             yield family
+
+
+def _cpu_wait_families(names: list[str], values: list[str], total: float, median: float):
+    """The CPU wait's counter and its window median."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    counter = CounterMetricFamily("argus_step_cpu_wait_seconds", "Time the thread that closes "
+                                  "steps waited for a CPU (Linux's run delay) in completed "
+                                  "steps.", labels=names)
+    counter.add_metric(values, total)
+    yield counter
+    window = GaugeMetricFamily("argus_step_cpu_wait_window_seconds", "Median CPU wait of a "
+                               "step over the last N steps.", labels=[*names, "stat"])
+    window.add_metric([*values, "median"], median)
+    yield window
 
 
 def _stats(series: np.ndarray) -> list[tuple[str, float]]:

@@ -595,10 +595,10 @@ class Tracer:
         return kept, times
 
     def _resolve(self, step: _Step, times: list[float], epoch: int | None, spans: bool,
-                 ) -> tuple[float, float, dict[str, float]]:
+                 ) -> tuple[float, float, dict[str, float], float | None]:
         """A step's record and spans from its marks' ``times`` and the epoch time of its
         first mark on the device (None: not known); returns what the metrics observe of it
-        (wall seconds, device seconds, seconds per phase)."""
+        (wall seconds, device seconds, seconds per phase, CPU wait)."""
         phases, offsets, peers = self._phase_times(step, times, spans)
         gpu_s = max(times[step.end], 0.0)
         if self.settings.phases:
@@ -606,9 +606,9 @@ class Tracer:
                                   phases, epoch, peers, step.cpu_wait_s))
         if spans:
             self.spans.emit(step.index, step.t_ns, step.wall_s, step.first_epoch_ns, offsets)
-        wall_s = step.wall_s
+        wall_s, cpu_wait_s = step.wall_s, step.cpu_wait_s
         self._recycle(step)
-        return wall_s, gpu_s, phases
+        return wall_s, gpu_s, phases, cpu_wait_s
 
     def _phase_times(self, step: _Step, times: list[float], spans: bool = True,
                      ) -> tuple[dict[str, float], list[tuple[str, float, float]],

@@ -463,6 +463,27 @@ def test_metrics_say_in_which_order_phases_happen():
                 if f.name == "argus_phase_order_info"]  # no step yet, no order
 
 
+def test_metrics_serve_the_cpu_wait_of_the_steps_that_carry_one():
+    """The CPU wait's counter sums every step's; its window median is over the last N steps
+    that carried one (a step without one, the first, is left out); no wait, no series."""
+    from argus_exporters.metrics import StepMetrics
+
+    identity = RankIdentity("j", 0, 1, 0, "node-0", {"dp": 0, "tp": 0, "pp": 0, "ep": 0})
+    metrics = StepMetrics(identity, Health(), 3)
+    for wait in (None, 0.004, 0.001, 0.002, 0.003):
+        metrics.observe(0.4, 0.0, {"forward": 0.1}, wait)
+    families = {f.name: f for f in metrics.collect()}
+    [total] = families["argus_step_cpu_wait_seconds"].samples
+    [median] = families["argus_step_cpu_wait_window_seconds"].samples
+    assert total.value == pytest.approx(0.010)
+    assert median.value == pytest.approx(0.002) and median.labels["stat"] == "median"
+    assert median.labels["rank"] == "0"
+    quiet = StepMetrics(identity, Health(), 3)
+    quiet.observe(0.4, 0.0, {"forward": 0.1})
+    assert not {"argus_step_cpu_wait_seconds", "argus_step_cpu_wait_window_seconds"} & {
+        f.name for f in quiet.collect()}
+
+
 _TRAIN_A_LITTLE = """
 import argus_exporters as ax
 ax.start()

@@ -62,12 +62,15 @@ def scrapes(path: Path):
             if np.isnan(matrix.wall[i, s]):
                 continue
             row = matrix.phases[i, s]
+            wait = matrix.cpu_wait[i, s] if matrix.cpu_wait is not None else np.nan
             m.observe(float(matrix.wall[i, s]), float(np.nan_to_num(matrix.gpu[i, s])),
-                      {n: float(v) for n, v in zip(names, row, strict=True) if np.isfinite(v)})
+                      {n: float(v) for n, v in zip(names, row, strict=True) if np.isfinite(v)},
+                      float(wait) if np.isfinite(wait) else None)
         if s != last and (s + 1 < WINDOW_STEPS or (s + 1) % SCRAPE_EVERY):
             continue
         wanted = {"argus_phase_window_seconds": {}, "argus_step_window_seconds":
-                  {"stat": "median"}, "argus_phase_order_info": {}}
+                  {"stat": "median"}, "argus_phase_order_info": {},
+                  "argus_step_cpu_wait_window_seconds": {"stat": "median"}}
         series = {name: [] for name in wanted}
         for m in metrics:
             for name, found in _series(m.collect(), wanted).items():
@@ -79,9 +82,12 @@ def scrapes(path: Path):
                             [p for p in phases if p["metric"]["stat"] == "min"
                              and "-" in p["metric"]["phase"]],
                             [p for p in phases if p["metric"]["stat"] in ("p25", "p75")])
+        waits = {int(w["metric"]["rank"]): float(w["value"][1])
+                 for w in series["argus_step_cpu_wait_window_seconds"]}
         yield s, JobSnapshot(job=trace.job, summary=concat([], {}, 60 * 10**9), phases=table,
                              coords={int(r): tuple(c) for r, c in
-                                     zip(matrix.ranks.tolist(), coords.tolist(), strict=True)})
+                                     zip(matrix.ranks.tolist(), coords.tolist(), strict=True)},
+                             cpu_wait=waits)
 
 
 @pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.name.split(".")[0])
@@ -120,3 +126,24 @@ def test_the_scorer_names_a_real_jobs_slow_rank(case):
             found += any(f.rank in faulty and f.kind == "compute"
                          for f in judge(snapshot).phases)
     assert judged and found >= judged / 2, f"{found} of {judged} scrapes"
+
+
+HOGGED = sorted(case for case in EXPECTED if case.startswith("hog"))
+
+
+@pytest.mark.parametrize("case", HOGGED)
+def test_the_scorer_calls_a_rank_short_of_cpu_host_as_diagnose_does(case):
+    """A rank sharing its core with a busy process: its phases are slow (published as a
+    compute finding), and its verdict is host, from the CPU wait its exporter serves
+    (``argus_step_cpu_wait_window_seconds``), at every scrape that has a verdict for it;
+    at least half of the scrapes do."""
+    faulty = set(EXPECTED[case])
+    with_verdict = judged = 0
+    for path in (p for p in RECORDINGS if _case(p) == case):
+        for step, snapshot in scrapes(path):
+            judged += 1
+            assert snapshot.cpu_wait and set(snapshot.cpu_wait) == set(snapshot.coords)
+            causes = {cause for rank, cause in judge(snapshot).verdicts if rank in faulty}
+            assert causes <= {"host"}, f"step {step}: {causes}"
+            with_verdict += bool(causes)
+    assert judged and with_verdict >= judged / 2, f"{with_verdict} of {judged} scrapes"

@@ -6,7 +6,9 @@ stretch, on a CPU job and on a launch-bound GPU job alike, and L2 sees compute. 
 record how long the thread that closes each step waited for a CPU during it (``cpu_wait_s``,
 Linux's run delay). Per rank, ``d_t`` = its wait at step t minus the median wait of the other
 ranks at t (a pair: its partner's); a compute verdict whose median ``d`` over its steps is at
-least ``min_share`` of what it costs the job a step is a host verdict instead.
+least ``min_share`` of what it costs the job a step is a host verdict instead. The scorer,
+which sees each rank's window median wait (``argus_step_cpu_wait_window_seconds``), takes the
+rank's median minus the median of the other ranks' (``extra_window_cpu_wait``).
 """
 
 from __future__ import annotations
@@ -48,3 +50,13 @@ def extra_cpu_wait(matrix: StepMatrix, rank: int, from_step: int | None = None,
     d = own - nanmedian(others, axis=0)
     d = d[~np.isnan(d)]
     return float(np.median(d)) if len(d) >= MIN_STEPS else None
+
+
+def extra_window_cpu_wait(medians: dict[int, float], rank: int) -> float | None:
+    """Seconds a step ``rank`` waited for a CPU beyond the other ranks' (window medians: its
+    own minus the median of theirs); None where it or every other rank has none."""
+    own = medians.get(rank)
+    others = [wait for other, wait in medians.items() if other != rank]
+    if own is None or not others:
+        return None
+    return float(own - np.median(others))

@@ -26,7 +26,9 @@
   window from the ranks' step rates); a collective kernel is excused when the rank's
   arrival-skew waiting per step explains at least half of its extra time.
 - Verdicts: ``build_verdicts`` over every L2 finding and the L3 findings (no L1: the scorer
-  sees no step series).
+  sees no step series); a compute verdict that the rank's wait for a CPU explains (its window
+  median beyond the other ranks', ``extra_window_cpu_wait``) is host, as ``argus diagnose``
+  calls it from the step records.
 """
 
 from __future__ import annotations
@@ -128,6 +130,7 @@ def judge(snapshot: JobSnapshot, peer_axis: str = "pp",
     if l2_findings not in L2_FINDINGS:
         raise ValueError(f"l2_findings {l2_findings!r}: expected one of {', '.join(L2_FINDINGS)}")
     from argus_core.detect.attribution import attribute
+    from argus_core.detect.cpu_wait import extra_window_cpu_wait
     from argus_core.detect.diagnose import DiagnoseConfig
     from argus_core.detect.l1 import L1Result
     from argus_core.detect.l2 import L2Result
@@ -151,7 +154,9 @@ def judge(snapshot: JobSnapshot, peer_axis: str = "pp",
     out.unscored = snapshot.known_ranks - set(np.unique(out.kernels.rank).tolist())
     empty = np.zeros(0)
     no_l1 = L1Result(empty.astype(np.int64), empty, empty, empty.astype(bool))
-    verdicts = build_verdicts(no_l1, l2, findings, context=_context(snapshot))
+    waits = snapshot.cpu_wait
+    verdicts = build_verdicts(no_l1, l2, findings, context=_context(snapshot),
+                              cpu_wait=lambda rank, onset: extra_window_cpu_wait(waits, rank))
     out.verdicts = [(v.rank, v.cause) for v in verdicts]
     out.suspects = attribute(snapshot.identities, out.verdicts, snapshot.known_ranks,
                              {v.rank: v.cost.seconds for v in verdicts if v.cost is not None})

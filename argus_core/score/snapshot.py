@@ -61,6 +61,7 @@ class JobSnapshot:
     peer_sets: list[int] | None = None  # positions whose summaries were fetched (None: all)
     stage_sample: KernelSummary | None = None  # with peer_sets: the stage sample's others
     identities: dict[int, RankRecord] = field(default_factory=dict)  # host and placement
+    cpu_wait: dict[int, float] = field(default_factory=dict)  # rank -> median CPU wait a step
 
     @property
     def known_ranks(self) -> set[int]:
@@ -382,6 +383,8 @@ def fetch_job(api: PrometheusAPI, job: str, selector: str, window_s: float,
     quartiles = api.query(f'argus_phase_window_seconds{{{match},stat=~"p25|p75"}}')
     steps = api.query(f"sum by (rank) (rate(argus_steps_total{{{match}}}[{rate_window}]))")
     (step_rank,), step_rate = label_columns(steps, ("rank",))
+    waits = api.query(f'argus_step_cpu_wait_window_seconds{{{match},stat="median"}}')
+    (wait_rank,), wait_s = label_columns(waits, ("rank",))
     table = phase_table(phases, walls, orders, minimums, quartiles)
     summary, sample, peer_sets = fetch_summaries(api, match, coords, peer_axis,
                                                  int(window_s * 1e9), owns, stage_sample(table))
@@ -390,7 +393,8 @@ def fetch_job(api: PrometheusAPI, job: str, selector: str, window_s: float,
         peer_sets=None if owns is None else peer_sets, stage_sample=sample,
         identities=identities,
         steps_per_s=dict(zip(_ints(step_rank, "rank").tolist(), step_rate.tolist(),
-                             strict=True)))
+                             strict=True)),
+        cpu_wait=dict(zip(_ints(wait_rank, "rank").tolist(), wait_s.tolist(), strict=True)))
 
 
 def list_jobs(api: PrometheusAPI, selector: str) -> list[str]:
