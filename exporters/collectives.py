@@ -428,7 +428,7 @@ def _timed_operator(state: Collectives, original: Any, op: str) -> Any:
     def timed(*args, **kwargs):
         if compiling() or state.muted:
             return original(*args, **kwargs)
-        label = args[-1] if not kwargs else kwargs.get("group_name", args[-1] if args else None)
+        label = kwargs["group_name"] if "group_name" in kwargs else args[-1] if args else None
         token = begin(named(label)[op], collective=True)
         result = original(*args, **kwargs)
         if token is not None:
