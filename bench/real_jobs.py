@@ -176,8 +176,14 @@ class JobFailedError(RuntimeError):
     """A real job exited non-zero: its exit status and whole stderr."""
 
     def __init__(self, name: str, returncode: int, stderr: str):
-        tail = "\n".join(stderr.strip().splitlines()[-25:])
-        super().__init__(f"{name}: the job exited {returncode}; the end of its stderr:\n{tail}")
+        lines = stderr.strip().splitlines()
+        # torchrun closes with a summary of which rank died; the cause is what that rank
+        # printed before it, so show the lines above the summary
+        summary = next((i for i, line in enumerate(lines)
+                        if "ChildFailedError" in line or line.startswith("Root Cause")), len(lines))
+        cause = "\n".join(lines[max(0, summary - 40):summary])
+        super().__init__(f"{name}: the job exited {returncode}; its stderr before torchrun's "
+                         f"summary:\n{cause}\n...\n" + "\n".join(lines[-8:]))
         self.stderr = stderr
 
 

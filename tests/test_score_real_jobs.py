@@ -18,6 +18,7 @@ from test_real_jobs import EXPECTED, KNOWN_LIMITS, RECORDINGS, _case, expect_kno
 from argus_core.detect.steps import step_matrix
 from argus_core.reader import load_traces
 from argus_core.score.core_adapter import judge
+from argus_core.score.service import Published, ScoreConfig, Scorer
 from argus_core.score.snapshot import JobSnapshot, concat, phase_table
 from argus_exporters.health import Health
 from argus_exporters.identity import RankIdentity
@@ -106,8 +107,8 @@ def test_the_scorer_pages_only_on_the_faulty_rank_of_a_real_job(path, request):
     assert judged
 
 
-# a rank short of CPU (a hog on its core) is slow in its phases too: the scorer, which reads
-# no CPU wait, publishes it as compute (argus diagnose calls it host from the step records)
+# a rank short of CPU (a hog on its core) is slow in its phases too: the scorer publishes its
+# compute finding, and its verdict is host (its CPU wait, as argus diagnose reads it)
 SUSTAINED_COMPUTE = sorted(case for case, expected in EXPECTED.items()
                            if ("compute" in expected.values() or case.startswith("hog"))
                            and not case.startswith("tail") and case not in KNOWN_LIMITS)
@@ -136,14 +137,33 @@ def test_the_scorer_calls_a_rank_short_of_cpu_host_as_diagnose_does(case):
     """A rank sharing its core with a busy process: its phases are slow (published as a
     compute finding), and its verdict is host, from the CPU wait its exporter serves
     (``argus_step_cpu_wait_window_seconds``), at every scrape that has a verdict for it;
-    at least half of the scrapes do."""
+    at least half of the scrapes do. Each such verdict is published as the rank's extra wait
+    (``argus_rank_short_of_cpu_seconds``, what ArgusRankShortOfCPU fires on and
+    ArgusStragglerRank leaves out), for that rank only."""
     faulty = set(EXPECTED[case])
     with_verdict = judged = 0
     for path in (p for p in RECORDINGS if _case(p) == case):
         for step, snapshot in scrapes(path):
             judged += 1
             assert snapshot.cpu_wait and set(snapshot.cpu_wait) == set(snapshot.coords)
-            causes = {cause for rank, cause in judge(snapshot).verdicts if rank in faulty}
+            judgement = judge(snapshot)
+            causes = {cause for rank, cause in judgement.verdicts if rank in faulty}
             assert causes <= {"host"}, f"step {step}: {causes}"
+            assert set(judgement.short_of_cpu) == ({r for r, _ in judgement.verdicts} & faulty)
+            assert all(wait > 0 for wait in judgement.short_of_cpu.values())
+            if causes and not with_verdict:  # what /metrics serves of it, once
+                served = _served_short_of_cpu(snapshot.job, judgement)
+                hosts = {f.rank: f.labels["host"] for f in judgement.phases}
+                assert served == {(str(r), hosts[r]): wait
+                                  for r, wait in judgement.short_of_cpu.items()}
             with_verdict += bool(causes)
     assert judged and with_verdict >= judged / 2, f"{with_verdict} of {judged} scrapes"
+
+
+def _served_short_of_cpu(job: str, judgement) -> dict[tuple[str, str], float]:
+    """``argus_rank_short_of_cpu_seconds`` as a scorer that published ``judgement`` serves
+    it: (rank, host) -> seconds."""
+    scorer = Scorer(ScoreConfig(prometheus="http://127.0.0.1:9"))
+    scorer.published = Published(judgements={job: judgement})
+    return {(s.labels["rank"], s.labels["host"]): s.value for family in scorer.collect()
+            for s in family.samples if s.name == "argus_rank_short_of_cpu_seconds"}

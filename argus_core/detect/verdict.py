@@ -70,6 +70,8 @@ class Verdict:
     evidence: str
     cost: Cost | None = None  # None: no time measure behind the finding (kernel scores alone)
     peer: int | None = None  # the other end of the slow link, for a link's verdict
+    cpu_wait_s: float | None = None  # a step's wait for a CPU beyond its peers', where it
+    # made a compute slowdown host (short of CPU)
 
 
 def ranks_text(ranks: Iterable[int]) -> str:
@@ -193,7 +195,7 @@ def _short_of_cpu(verdict: Verdict, extra_wait_s: float | None, onset: int | Non
                    f"short of CPU: its training thread waited {_seconds(extra_wait_s)} a step "
                    f"longer for a CPU than its peers'{since} (another process on its cores, or "
                    f"more busy threads than cores), so it is not slow at its own work; "
-                   f"{verdict.evidence}", verdict.cost, verdict.peer)
+                   f"{verdict.evidence}", verdict.cost, verdict.peer, extra_wait_s)
 
 
 def _cost_s(verdict: Verdict) -> float:

@@ -1,6 +1,6 @@
-"""Alerting rules: L1 (spike, regression, host stall), L2 (straggler rank, degraded link),
-L3 (kernel straggler and the hardware unit slow ranks share, from the scorer) and the
-pipeline's own health.
+"""Alerting rules: L1 (spike, regression, host stall), L2 (straggler rank, rank short of CPU,
+degraded link), L3 (kernel straggler and the hardware unit slow ranks share, from the
+scorer) and the pipeline's own health.
 
 Every alert has ``severity``, ``level``, a static ``summary``, a ``description`` naming the job,
 rank, phase or kernel and the ratio, and a ``runbook_url`` into docs/runbook.md. Per-rank
@@ -15,8 +15,8 @@ from argus_core.rules.promql import compute_phases, group_labels, indent, select
 from argus_core.rules.recording import STAT_MEDIAN, on_axis
 
 L1_SYMPTOMS = ("ArgusIterationSpike", "ArgusIterationRegression")
-RANK_CAUSES = ("ArgusStragglerRank", "ArgusLinkDegraded", "ArgusKernelStraggler",
-               "ArgusHostStall")
+RANK_CAUSES = ("ArgusStragglerRank", "ArgusRankShortOfCPU", "ArgusLinkDegraded",
+               "ArgusKernelStraggler", "ArgusHostStall")
 FAIL_SLOW = (*L1_SYMPTOMS, *RANK_CAUSES)
 # The labels that place each fail-slow alert (besides host and coordinates, which follow from
 # job and rank): inhibition compares these (argus_core.rules.alertmanager).
@@ -25,6 +25,7 @@ LOCATION = {
     "ArgusIterationRegression": ("job",),
     "ArgusHostStall": ("job", "rank"),
     "ArgusStragglerRank": ("job", "rank", "phase", "axis"),
+    "ArgusRankShortOfCPU": ("job", "rank"),
     "ArgusLinkDegraded": ("job", "rank", "phase", "axis"),
     "ArgusKernelStraggler": ("job", "rank", "kernel", "stream"),
 }
@@ -126,14 +127,28 @@ def l2_alerts(config: RulesConfig) -> list[dict]:
             f"{median}")
     straggler_parts.append(scorer)
     link = select("argus_phase_straggler_ratio", 'kind="communication"', sel.scorer)
+    # a rank whose slow phases its wait for a CPU explains is short of CPU, not a straggler
+    # in its own work (the scorer's verdict is host): one alert for it, the right one
+    short_of_cpu = select("argus_rank_short_of_cpu_seconds", sel.scorer)
     return [
-        _alert(config, "ArgusStragglerRank", _union(straggler_parts),
+        _alert(config, "ArgusStragglerRank",
+               f"{_union(straggler_parts)}\nunless on (job, rank)\n{short_of_cpu}",
                config.for_straggler, "critical", "L2",
                "A rank is a straggler in a compute phase.",
                "Rank {{ $labels.rank }} (host {{ $labels.host }}) of job {{ $labels.job }} "
                'takes {{ $value | printf "%.2f" }}x the median of its {{ $labels.axis }} group '
                "(its partner's in a pair) in phase {{ $labels.phase }} (median of its last "
                f"{config.exporter_window_steps} steps)."),
+        _alert(config, "ArgusRankShortOfCPU",
+               f"max without (instance) (\n  {short_of_cpu}\n)",
+               config.for_straggler, "critical", "L2",
+               "A rank is slow because it waits for a CPU.",
+               "Rank {{ $labels.rank }} (host {{ $labels.host }}) of job {{ $labels.job }}: "
+               "its training thread waited {{ $value | humanizeDuration }} a step longer for "
+               "a CPU than the other ranks' (median of their last "
+               f"{config.exporter_window_steps} steps), which explains its slow phases: "
+               "another process on its cores, or more busy threads than cores. It is not "
+               "slow at its own work."),
         _alert(config, "ArgusLinkDegraded", _union([link]),
                config.for_straggler, "critical", "L2",
                "A collective is slow with nobody arriving late.",

@@ -168,7 +168,8 @@ class RulesConfig:
     # -- for durations ----------------------------------------------------------------------
     for_spike: float = _duration("ArgusIterationSpike", 30)
     for_regression: float = _duration("ArgusIterationRegression", 300)
-    for_straggler: float = _duration("ArgusStragglerRank and ArgusLinkDegraded", 180)
+    for_straggler: float = _duration("ArgusStragglerRank, ArgusRankShortOfCPU and "
+                                     "ArgusLinkDegraded", 180)
     for_kernel: float = _duration("ArgusKernelStraggler and ArgusSuspectUnit (scorer rounds "
                                   "are ~1 per minute)",
                                   180)

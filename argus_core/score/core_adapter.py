@@ -118,6 +118,8 @@ class Judgement:
     peer_sets: list[int] | None = None  # positions on the peer axis judged (None: all)
     lead: bool = True  # publishes the job-wide L2 statistics (one shard of a job does)
     suspects: list[Suspect] = field(default_factory=list)  # hardware units the verdicts share
+    short_of_cpu: dict[int, float] = field(default_factory=dict)  # rank -> seconds a step it
+    # waited for a CPU beyond its peers, for the ranks whose slowdown that explains
 
 
 def judge(snapshot: JobSnapshot, peer_axis: str = "pp",
@@ -158,6 +160,7 @@ def judge(snapshot: JobSnapshot, peer_axis: str = "pp",
     verdicts = build_verdicts(no_l1, l2, findings, context=_context(snapshot),
                               cpu_wait=lambda rank, onset: extra_window_cpu_wait(waits, rank))
     out.verdicts = [(v.rank, v.cause) for v in verdicts]
+    out.short_of_cpu = {v.rank: v.cpu_wait_s for v in verdicts if v.cpu_wait_s is not None}
     out.suspects = attribute(snapshot.identities, out.verdicts, snapshot.known_ranks,
                              {v.rank: v.cost.seconds for v in verdicts if v.cost is not None})
     return out
@@ -189,7 +192,8 @@ def restrict(judgement: Judgement, snapshot: JobSnapshot, peer_axis: str,
         l2_tests=judgement.l2_tests if lead else 0,
         z_family=judgement.z_family if lead else float("nan"),
         groups=judgement.groups if lead else [], scales=judgement.scales if lead else [],
-        peer_sets=sorted(owned), lead=lead, suspects=judgement.suspects if lead else [])
+        peer_sets=sorted(owned), lead=lead, suspects=judgement.suspects if lead else [],
+        short_of_cpu={r: s for r, s in judgement.short_of_cpu.items() if mine(r)})
 
 
 def worth_a_page(excess_s: float, context, min_cost_share: float) -> bool:

@@ -7,7 +7,9 @@ positions of the peer axis, which L3 compares only with each other), fetches
 each job's summaries, coordinates and phase medians, judges them with the core
 (``core_adapter.judge``) and publishes the result atomically:
 ``argus_kernel_w1_score{job,rank,kernel,stream}``, ``argus_kernel_straggler`` (0/1),
-``argus_verdict{job,rank,cause}``, ``argus_rank_wait_seconds{job,rank}`` (arrival skew) and
+``argus_verdict{job,rank,cause}``, ``argus_rank_short_of_cpu_seconds{job,rank,host}`` (a
+rank's extra wait for a CPU, where it makes its slow phases host: ArgusRankShortOfCPU, and
+ArgusStragglerRank leaves it out), ``argus_rank_wait_seconds{job,rank}`` (arrival skew) and
 ``argus_phase_straggler_ratio{job,rank,host,dp,tp,pp,ep,phase,axis,kind}``: every L2
 finding of the core (``--l2-findings beyond-promql``: only those the ``promql`` recording
 rules cannot make: collectives, pairs, pipeline stages), which ArgusStragglerRank and
@@ -257,6 +259,10 @@ class Scorer:
             "waiting for a late peer), else 0.", labels=["job", "rank", "kernel", "stream"])
         verdict = GaugeMetricFamily("argus_verdict", "The most likely cause for a rank (1).",
                                     labels=["job", "rank", "cause"])
+        short_of_cpu = GaugeMetricFamily(
+            "argus_rank_short_of_cpu_seconds", "Seconds a step the rank's training thread "
+            "waited for a CPU beyond the other ranks', for each rank whose slow phases this "
+            "explains (its verdict is host, not compute).", labels=["job", "rank", "host"])
         wait = GaugeMetricFamily("argus_rank_wait_seconds", "Time per step the rank waits in "
                                  "collectives for late peers (arrival skew).",
                                  labels=["job", "rank"])
@@ -317,6 +323,9 @@ class Scorer:
                 straggler.add_metric(labels, float(flag))
             for rank, cause in judgement.verdicts:
                 verdict.add_metric([job, str(rank), cause], 1.0)
+            hosts = {f.rank: f.labels["host"] for f in judgement.phases}
+            for rank, seconds in sorted(judgement.short_of_cpu.items()):
+                short_of_cpu.add_metric([job, str(rank), hosts.get(rank, "")], seconds)
             for rank, seconds in sorted(judgement.wait_s.items()):
                 wait.add_metric([job, str(rank)], seconds)
             for f in judgement.phases:
@@ -336,8 +345,9 @@ class Scorer:
             unscored.add_metric([job], len(judgement.unscored))
             for position in judgement.peer_sets or ():
                 peer_sets.add_metric([job, self.config.peer_axis, str(position)], 1.0)
-        yield from (score, straggler, verdict, wait, phases, median, threshold, scale,
-                    z_family, tests, unscored, peer_sets, suspect, suspect_info, suspect_cost)
+        yield from (score, straggler, verdict, short_of_cpu, wait, phases, median, threshold,
+                    scale, z_family, tests, unscored, peer_sets, suspect, suspect_info,
+                    suspect_cost)
 
         def gauge(name: str, doc: str, value: float):
             family = GaugeMetricFamily(name, doc)

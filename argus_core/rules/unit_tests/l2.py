@@ -13,6 +13,7 @@ from argus_core.rules.unit_tests.base import (
     check,
     expect,
     fires,
+    humanize_duration,
     intervals,
     matchers,
     rank_labels,
@@ -179,8 +180,9 @@ def l2_promql_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
 
 
 def l2_scorer_finding_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
-    """The scorer's findings in either mode: a pair member (ArgusStragglerRank) and a
-    collective slow with nobody arriving late (ArgusLinkDegraded)."""
+    """The scorer's findings in either mode: a pair member (ArgusStragglerRank), a rank short
+    of CPU (ArgusRankShortOfCPU) and a collective slow with nobody arriving late
+    (ArgusLinkDegraded)."""
     onset = 0
     samples = intervals(config, config.for_straggler) + 2
     rule = rule_named(groups, "ArgusStragglerRank")
@@ -197,6 +199,8 @@ def l2_scorer_finding_tests(config: RulesConfig, groups: list[dict]) -> list[dic
                                              "$labels.job": "pairs", "$labels.axis": "tp",
                                              "$labels.phase": "mlp",
                                              '$value | printf "%.2f"': "2.00"}))])))
+
+    tests.append(short_of_cpu_test(config, groups))
 
     rule = rule_named(groups, "ArgusLinkDegraded")
     series, link = [], []
@@ -217,3 +221,33 @@ def l2_scorer_finding_tests(config: RulesConfig, groups: list[dict]) -> list[dic
                        series, alerts=fires(config, "ArgusLinkDegraded", onset,
                                              config.for_straggler, link)))
     return tests
+
+
+def short_of_cpu_test(config: RulesConfig, groups: list[dict]) -> dict:
+    """A rank whose slow phase its wait for a CPU explains (the scorer's
+    ``argus_rank_short_of_cpu_seconds``): ArgusRankShortOfCPU after ``for``, and no
+    ArgusStragglerRank for it, while another rank's compute finding in the same job still
+    raises one."""
+    samples = intervals(config, config.for_straggler) + 2
+    rule = rule_named(groups, "ArgusRankShortOfCPU")
+    starved = scorer_labels(config, "shared", 1, "mlp", "dp", dp=1)
+    slow = scorer_labels(config, "shared", 2, "mlp", "dp", dp=2)
+    cpu = {**matchers(config.selectors.scorer), "job": "shared", "rank": "1", "host": "node-0"}
+    series = [Series("argus_phase_straggler_ratio", {**starved, "kind": "compute"},
+                     [1.8] * samples),
+              Series("argus_phase_straggler_ratio", {**slow, "kind": "compute"},
+                     [1.5] * samples),
+              Series("argus_rank_short_of_cpu_seconds", cpu, [0.025] * samples)]
+    expected = expect(alert_labels(config, rule, **cpu), annotations(rule, **{
+        "$labels.rank": "1", "$labels.host": "node-0", "$labels.job": "shared",
+        "$value | humanizeDuration": humanize_duration(0.025)}))
+    straggler = rule_named(groups, "ArgusStragglerRank")
+    only_slow = expect(alert_labels(config, straggler, **slow), annotations(straggler, **{
+        "$labels.rank": "2", "$labels.host": "node-0", "$labels.job": "shared",
+        "$labels.axis": "dp", "$labels.phase": "mlp", '$value | printf "%.2f"': "1.50"}))
+    return unit_test(config, "ArgusRankShortOfCPU: the rank its CPU wait explains, and not "
+                     "as a straggler", series,
+                     alerts=[*fires(config, "ArgusRankShortOfCPU", 0, config.for_straggler,
+                                    [expected]),
+                             *fires(config, "ArgusStragglerRank", 0, config.for_straggler,
+                                    [only_slow])])
