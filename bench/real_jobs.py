@@ -55,7 +55,6 @@ class Case:
     expected: dict[int, str] = field(default_factory=dict)
     zero_code: bool = False  # ``argus run`` instead of the one-line instrument
     script: Path = SCRIPT
-    known_limit: str = ""  # why this case is not diagnosed as expected yet (docs/limits.md)
 
     @property
     def peers(self) -> dict[int, int]:
@@ -93,11 +92,6 @@ PARALLEL_RANKS = {"ddp": 2, "fsdp1": 2, "fsdp2": 2, "tp": 2, "moe": 2,
                   "pp": 4}  # pp: 2 stages x 2 dp
 
 
-COMPILED_FSDP1 = ("FSDP1's hooks under torch.compile are compiled by dynamo together with the "
-                  "collective hooks they call, which then run untimed: forward's all-gathers "
-                  "count as forward")
-
-
 def _parallel_cases() -> list[Case]:
     """Every parallelism (``tests/scripts/parallel_train.py``) healthy, with a late rank (a
     host sleep before each forward) and a slow one (extra compute in forward), one-line; the
@@ -118,15 +112,13 @@ def _parallel_cases() -> list[Case]:
                        zero_code=True, script=PARALLEL_SCRIPT)]
         # compiled (torch.compile, eager backend): instrumented then compiled, and the
         # compiled model instrumented
-        limit = COMPILED_FSDP1 if parallel == "fsdp1" else ""
         cases += [Case(f"{parallel}-healthy-{ranks}-compiled", ranks,
                        {**base, "ARGUS_TEST_COMPILE": "1"}, script=PARALLEL_SCRIPT),
                   Case(f"{parallel}-late-{ranks}-compiled", ranks,
-                       {**late, "ARGUS_TEST_COMPILE": "1"}, {1: "host"}, script=PARALLEL_SCRIPT,
-                       known_limit=limit),
+                       {**late, "ARGUS_TEST_COMPILE": "1"}, {1: "host"}, script=PARALLEL_SCRIPT),
                   Case(f"{parallel}-slow-{ranks}-compiled-first", ranks,
                        {**slow, "ARGUS_TEST_COMPILE": "first"}, {1: "compute"},
-                       script=PARALLEL_SCRIPT, known_limit=limit)]
+                       script=PARALLEL_SCRIPT)]
     return cases
 
 
@@ -250,8 +242,6 @@ def main() -> None:
             outcome["run"] = run
             results.append(outcome)
             mark = "ok " if outcome["as_expected"] else "BAD"
-            if case.known_limit:
-                mark += f" (known limit: {case.known_limit})"
             print(f"{mark} run {run} {case.name}: {outcome['verdicts']} "
                   f"{'; '.join(outcome['evidence'])[:300]}", file=sys.stderr, flush=True)
     missed = sorted({r["case"] for r in results if not r["as_expected"]})

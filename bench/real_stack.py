@@ -3,13 +3,15 @@
     python bench/real_stack.py [--json] [--minutes 6] [--cases straggler,healthy] [--dump DIR]
 
 For each case, ``argus stack up`` (Prometheus with the rules, Alertmanager, the processor,
-the scorer, S3 on loopback; time scale 15) and one real 4-rank torch DDP job on CPU
+the scorer, S3 on loopback; time scale 15) and one real torch DDP job (4 ranks unless said) on CPU
 (``tests/scripts/ddp_train.py``, the one-line instrument) posting its records to the stack's
 sink and serving its metrics to the stack's Prometheus (``argus stack targets``), for
 --minutes. ``straggler``: rank 1 sleeps 30 ms in every forward (a compute straggler, the
-runbook's "ArgusStragglerRank" case); ``healthy``: nothing. What reached Alertmanager's webhook
-is then compared with what should have: the straggler's ArgusStragglerRank for rank 1 and
-no other fail-slow alert; nothing fail-slow for the healthy job. The last line (--json) is
+runbook's "ArgusStragglerRank" case); ``hog``: two ranks pinned one per core and a busy
+process on rank 1's core (a rank short of CPU: ArgusRankShortOfCPU for rank 1, not
+ArgusStragglerRank); ``healthy``: nothing. What reached Alertmanager's webhook is then compared
+with what should have: the case's alert for its rank and no other fail-slow alert; nothing
+fail-slow for the healthy job. The last line (--json) is
 ``{"cases": {NAME: {"fail_slow": [[alert, rank], ...], "as_expected": bool, "first_s": ...,
 "regression": {"max_ratio", "min_threshold"}}}, "as_expected": bool}``: the regression rule's
 highest ratio and lowest threshold over the run say how close a healthy job came to a page.
@@ -35,10 +37,12 @@ from argus_grafana.prometheus import api
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "tests" / "scripts" / "ddp_train.py"
 BIN = Path(sys.executable).parent
-RANKS = 4
+# name: (the job's fault, the alerts it should raise, its ranks)
 CASES = {"straggler": ({"ARGUS_TEST_SLOW_RANK": "1", "ARGUS_TEST_FAULT": "forward",
-                        "ARGUS_TEST_SLEEP_S": "0.03"}, {("ArgusStragglerRank", "1")}),
-         "healthy": ({}, set())}
+                        "ARGUS_TEST_SLEEP_S": "0.03"}, {("ArgusStragglerRank", "1")}, 4),
+         "hog": ({"ARGUS_TEST_SLOW_RANK": "1", "ARGUS_TEST_FAULT": "hog", "ARGUS_TEST_PIN": "1"},
+                 {("ArgusRankShortOfCPU", "1")}, 2),
+         "healthy": ({}, set(), 4)}
 
 
 def argus(*args: str) -> subprocess.CompletedProcess:
@@ -49,7 +53,7 @@ def argus(*args: str) -> subprocess.CompletedProcess:
 
 def run_case(name: str, minutes: float, workdir: Path, dump: Path | None = None) -> dict:
     """One stack, one real job for ``minutes``; the fail-slow alerts that fired."""
-    env_fault, expected = CASES[name]
+    env_fault, expected, ranks = CASES[name]
     up = argus("stack", "up", "--workdir", str(workdir))
     if up.returncode != 0:
         raise RuntimeError(f"argus stack up failed: {up.stderr}")
@@ -57,7 +61,7 @@ def run_case(name: str, minutes: float, workdir: Path, dump: Path | None = None)
         status = json.loads(argus("stack", "status", "--workdir", str(workdir), "--json").stdout)
         port = free_port()
         added = argus("stack", "targets", "--workdir", str(workdir), "--job", name, "--ports",
-                      f"{port}-{port + RANKS - 1}")
+                      f"{port}-{port + ranks - 1}")
         if added.returncode != 0:
             raise RuntimeError(added.stderr)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "ARGUS_ENABLED": "1",
@@ -65,7 +69,7 @@ def run_case(name: str, minutes: float, workdir: Path, dump: Path | None = None)
                "ARGUS_TEST_INSTRUMENT": "1", "ARGUS_TEST_WIDTH": "1024",
                "ARGUS_TEST_SECONDS": str(minutes * 60), **env_fault}
         started = time.time()
-        job = subprocess.run([str(BIN / "torchrun"), "--nproc-per-node", str(RANKS),
+        job = subprocess.run([str(BIN / "torchrun"), "--nproc-per-node", str(ranks),
                               "--master-port", str(free_port()), str(SCRIPT)], env=env,
                              capture_output=True, text=True, timeout=minutes * 60 + 300)
         if job.returncode != 0:

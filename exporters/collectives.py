@@ -35,16 +35,19 @@ that axis (its rank in the group) unless ``ARGUS_COORDS`` set the coordinates.
 Off (Argus disabled or ``ARGUS_COLLECTIVES=0``) nothing is patched. While torch.compile traces
 or compiles (``torch.compiler.is_compiling``: AOT autograd calls the functional operators on
 fake tensors), the wrappers call straight through; the graph's collectives are timed each
-time it runs (not the functional point-to-point operators, ``isend``/``irecv``). A wrapper
-that dynamo compiles as a frame of its own calls straight through when it runs: FSDP1's
-hooks under torch.compile, whose collectives are not timed.
+time it runs (not the functional point-to-point operators, ``isend``/``irecv``). Dynamo never
+compiles a wrapper's own frame (its code is skipped, as torch skips its own files): code that
+dynamo does not trace but runs inside a compiled call (FSDP1's hooks under torch.compile)
+reaches the wrappers as plain Python, and its collectives are timed.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import sys
 import threading
+import types
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -260,6 +263,31 @@ class Collectives:
 
 _installed: Collectives | None = None
 _install_lock = threading.Lock()
+_DYNAMO = "torch._dynamo.eval_frame"
+_unskipped: set[types.CodeType] = set()  # wrappers' code awaiting dynamo's import
+
+
+def _never_compiled(wrapper: Callable) -> Callable:
+    """Keep dynamo from compiling ``wrapper``'s frame (it runs as plain Python inside a
+    compiled call, so it times what it wraps): now if torch.compile is loaded, else once it
+    is. A torch without ``skip_code`` compiles it as before."""
+    code = wrapper.__code__
+    skip = getattr(sys.modules.get(_DYNAMO), "skip_code", None)
+    if skip is not None:
+        skip(code)
+    elif code not in _unskipped:
+        if not _unskipped:
+            after_import(_DYNAMO, _skip_waiting)
+        _unskipped.add(code)
+    return wrapper
+
+
+def _skip_waiting() -> None:
+    skip = getattr(sys.modules.get(_DYNAMO), "skip_code", None)
+    if skip is not None:
+        for code in _unskipped:
+            skip(code)
+    _unskipped.clear()
 
 
 def installed() -> Collectives | None:
@@ -339,7 +367,7 @@ def _patch_process_group(state: Collectives) -> None:
 
     timed_wait._argus = True  # type: ignore[attr-defined]
     if not getattr(wait, "_argus", False):
-        state.patch(Work, "wait", timed_wait)
+        state.patch(Work, "wait", _never_compiled(timed_wait))
 
 
 def _timed_method(state: Collectives, original: Any, op: str,
@@ -371,7 +399,7 @@ def _timed_method(state: Collectives, original: Any, op: str,
 
     timed._argus = True  # type: ignore[attr-defined]
     timed.__qualname__ = f"argus_timed({getattr(original, '__name__', op)})"
-    return timed
+    return _never_compiled(timed)
 
 
 def _patch_functional(state: Collectives) -> None:
@@ -412,7 +440,7 @@ def _timed_wait_tensor(state: Collectives, wait_tensor: Any) -> Any:
         return result
 
     timed_wait_tensor._argus = True  # type: ignore[attr-defined]
-    return timed_wait_tensor
+    return _never_compiled(timed_wait_tensor)
 
 
 def _timed_operator(state: Collectives, original: Any, op: str) -> Any:
@@ -442,7 +470,7 @@ def _timed_operator(state: Collectives, original: Any, op: str) -> Any:
         return result
 
     timed._argus = True  # type: ignore[attr-defined]
-    return timed
+    return _never_compiled(timed)
 
 
 def _storage(tensor: Any) -> int:

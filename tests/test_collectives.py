@@ -436,13 +436,14 @@ def _graph_breaks(tmp_path, parallel: str, argus: bool, fault: dict,
     return json.loads(Path(f"{counters}.0.json").read_text()), spool
 
 
-COMPILED_COLLECTIVE = {"ddp": "dp-allreduce", "fsdp2": "dp-allgather", "tp": "tp-allreduce",
-                       "moe": "ep-alltoall"}  # a collective each compiled job has timed
+COMPILED_COLLECTIVE = {"ddp": "dp-allreduce", "fsdp1": "dp-allgather", "fsdp2": "dp-allgather",
+                       "tp": "tp-allreduce", "moe": "ep-alltoall"}  # a collective each
+# compiled job has timed
 
 
 @pytest.mark.parametrize(("parallel", "compile_mode"),
-                         [("ddp", "1"), ("fsdp2", "1"), ("tp", "1"), ("moe", "1"),
-                          ("ddp", "first")])
+                         [("ddp", "1"), ("fsdp1", "1"), ("fsdp2", "1"), ("tp", "1"),
+                          ("moe", "1"), ("ddp", "first")])
 def test_a_compiled_model_is_diagnosed_without_graph_breaks_of_argus(parallel, compile_mode,
                                                                      tmp_path):
     """``torch.compile`` after ``instrument`` (or ``instrument`` of the compiled model, whose

@@ -38,7 +38,6 @@ sys.modules["real_jobs"] = real_jobs  # dataclasses look their module up
 _spec.loader.exec_module(real_jobs)
 EXPECTED = {case.name: case.expected for case in real_jobs.CASES}
 PEERS = {case.name: case.peers for case in real_jobs.CASES}
-KNOWN_LIMITS = {case.name: case.known_limit for case in real_jobs.CASES if case.known_limit}
 RECORDINGS = sorted(DATA.glob("*.ndjson.gz"))
 
 
@@ -52,13 +51,6 @@ def _trace(path: Path):
     return next(iter(traces.values()))
 
 
-def expect_known_limit(request, path: Path) -> None:
-    """Mark the test of a recording of a known-limit case as a strict expected failure."""
-    limit = KNOWN_LIMITS.get(_case(path))
-    if limit:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=limit))
-
-
 def test_every_case_of_the_bench_has_a_recording():
     """The committed set covers every case the bench runs (healthy at 1, 2, 4 and 8 ranks,
     one-line and zero-code, and every fault kind)."""
@@ -66,10 +58,8 @@ def test_every_case_of_the_bench_has_a_recording():
 
 
 @pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.name.split(".")[0])
-def test_real_job_gets_exactly_its_verdicts(path, request):
-    """Healthy: no verdict; faulty: exactly the faulty rank with its cause, with its cost.
-    A case of a known limit must still fail (strict xfail): when it is fixed, say so."""
-    expect_known_limit(request, path)
+def test_real_job_gets_exactly_its_verdicts(path):
+    """Healthy: no verdict; faulty: exactly the faulty rank with its cause, with its cost."""
     doc = diagnose(_trace(path)).to_json()
     found = {v["rank"]: v["cause"] for v in doc["verdict"]}
     assert found == EXPECTED[_case(path)], doc["verdict"]

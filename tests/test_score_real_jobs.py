@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_real_jobs import EXPECTED, KNOWN_LIMITS, RECORDINGS, _case, expect_known_limit
+from test_real_jobs import EXPECTED, RECORDINGS, _case
 
 from argus_core.detect.steps import step_matrix
 from argus_core.reader import load_traces
@@ -92,11 +92,9 @@ def scrapes(path: Path):
 
 
 @pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.name.split(".")[0])
-def test_the_scorer_pages_only_on_the_faulty_rank_of_a_real_job(path, request):
+def test_the_scorer_pages_only_on_the_faulty_rank_of_a_real_job(path):
     """No scrape of a real job gets a published L2 finding on a rank no fault touched: not
     the waiting ranks of a late peer, not a healthy job's noise."""
-    if "host" in EXPECTED[_case(path)].values():  # a known limit's late peer: its waiting
-        expect_known_limit(request, path)  # rank is blamed (its slow case is a miss, no page)
     faulty = set(EXPECTED[_case(path)])
     judged = 0
     for step, snapshot in scrapes(path):
@@ -111,7 +109,7 @@ def test_the_scorer_pages_only_on_the_faulty_rank_of_a_real_job(path, request):
 # compute finding, and its verdict is host (its CPU wait, as argus diagnose reads it)
 SUSTAINED_COMPUTE = sorted(case for case, expected in EXPECTED.items()
                            if ("compute" in expected.values() or case.startswith("hog"))
-                           and not case.startswith("tail") and case not in KNOWN_LIMITS)
+                           and not case.startswith("tail"))
 
 
 @pytest.mark.parametrize("case", SUSTAINED_COMPUTE)

@@ -127,7 +127,7 @@ def _mesh(shape, names):
     return init_device_mesh("cpu", shape, mesh_dim_names=names)
 
 
-pipeline = None
+pipeline = mesh = None
 if PARALLEL == "ddp":
     model = torch.nn.parallel.DistributedDataParallel(_mlp())
 elif PARALLEL == "fsdp2":
@@ -233,5 +233,9 @@ if os.environ.get("ARGUS_TEST_COUNTERS"):  # dynamo's graph breaks, for the comp
 
     with open(f"{os.environ['ARGUS_TEST_COUNTERS']}.{rank}.json", "w") as out:
         json.dump({"graph_breaks": sum(counters["graph_break"].values()),
+                   "frames": dict(counters["frames"]), "stats": dict(counters["stats"]),
                    "reasons": sorted(counters["graph_break"])}, out)
+# no reference to a process group may outlive the groups: one destroyed at interpreter exit
+# can abort the process under load ("terminate called without an active exception")
+pipeline = mesh = None
 dist.destroy_process_group()
