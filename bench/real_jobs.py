@@ -16,7 +16,8 @@ diagnosed. A case is as expected when the verdicts name exactly the faulty rank 
 ranks on the same cores, the scheduler, the garbage collector) is what the diagnosis must see
 through. ``--record DIR`` keeps each run's spool as ``DIR/CASE.ndjson.gz`` (the recordings
 under tests/data/real_jobs came from it). A job that exits non-zero is counted in
-``job_failures`` (its stderr kept beside the recordings) and the other cases still run. The
+``job_failures`` (its stderr kept beside the recordings, or under the
+``argus-real-jobs`` folder of the system's temporary directory) and the other cases still run. The
 last line (--json) is ``{"runs", "cases", "as_expected", "false_verdicts", ...}``.
 """
 
@@ -229,7 +230,8 @@ def main() -> None:
                     run_case(case, spool, args.steps)
                 except JobFailedError as exc:  # counted, kept, and the other cases still run
                     failures.append({"case": case.name, "run": run, "error": str(exc)})
-                    log = (args.record or Path(".")) / f"{case.name}-run{run}.stderr.txt"
+                    logs = args.record or Path(tempfile.gettempdir()) / "argus-real-jobs"
+                    log = logs / f"{case.name}-run{run}.stderr.txt"
                     log.parent.mkdir(parents=True, exist_ok=True)
                     log.write_text(exc.stderr)
                     print(f"FAILED run {run} {case.name}: {exc}; stderr in {log}",

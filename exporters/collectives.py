@@ -370,11 +370,28 @@ def _patch_process_group(state: Collectives) -> None:
         state.patch(Work, "wait", _never_compiled(timed_wait))
 
 
+def _compiling(torch: Any) -> Callable[[], bool]:
+    """Whether torch.compile is tracing or compiling now. A torch with
+    ``_compile_session_context`` (2.13) sets ``torch.compiler.is_compiling`` for the whole
+    compile session; an older one (2.4) only inside the code dynamo traces, so the operators
+    that dynamo's fake-tensor propagation and AOT autograd call also look for the tracing
+    context they run in."""
+    is_compiling = torch.compiler.is_compiling
+    if hasattr(torch.compiler, "_compile_session_context"):
+        return is_compiling
+    try:
+        from torch._guards import TracingContext
+    except ImportError:
+        return is_compiling
+    tracing = TracingContext.try_get
+    return lambda: is_compiling() or tracing() is not None
+
+
 def _timed_method(state: Collectives, original: Any, op: str,
                   point_to_point: bool = False) -> Any:
     import torch
 
-    compiling = torch.compiler.is_compiling
+    compiling = _compiling(torch)
     tracer, works = state.tracer, state.works
 
     def timed(group, *args, **kwargs):
@@ -449,7 +466,7 @@ def _timed_operator(state: Collectives, original: Any, op: str) -> Any:
     argument (the last positional one)."""
     import torch
 
-    compiling = torch.compiler.is_compiling
+    compiling = _compiling(torch)
     tracer, tensors, tensor_type = state.tracer, state.tensors, torch.Tensor
     begin, named = tracer.begin_phase, state.named
 
@@ -502,10 +519,10 @@ def _patch_device_mesh(state: Collectives) -> None:
     if getattr(init, "_argus", False):
         return
 
-    def init_and_learn(mesh, *args, **kwargs):
-        init(mesh, *args, **kwargs)
+    def init_and_learn(self, /, *args, **kwargs):  # torch passes ``mesh=`` by keyword
+        init(self, *args, **kwargs)
         try:
-            state.learn_mesh(mesh)
+            state.learn_mesh(self)
         except Exception:  # never break building a mesh
             logger.exception("argus: could not read the device mesh's dimensions")
 
@@ -522,7 +539,9 @@ def learn_existing_meshes(state: Collectives | None) -> None:
     try:
         from torch.distributed.device_mesh import DeviceMesh
 
-        meshes = [o for o in gc.get_objects() if isinstance(o, DeviceMesh)]
+        # by type, not isinstance: the latter touches every object's ``__class__``, and
+        # torch's deprecated ``reduce_op`` warns when it is touched
+        meshes = [o for o in gc.get_objects() if issubclass(type(o), DeviceMesh)]
     except Exception:
         return
     for mesh in meshes:
