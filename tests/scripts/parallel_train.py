@@ -233,7 +233,6 @@ if os.environ.get("ARGUS_TEST_COUNTERS"):  # dynamo's graph breaks, for the comp
 
     with open(f"{os.environ['ARGUS_TEST_COUNTERS']}.{rank}.json", "w") as out:
         json.dump({"graph_breaks": sum(counters["graph_break"].values()),
-                   "frames": dict(counters["frames"]), "stats": dict(counters["stats"]),
                    "reasons": sorted(counters["graph_break"])}, out)
 # no reference to a process group may outlive the groups: one destroyed at interpreter exit
 # can abort the process under load ("terminate called without an active exception")
