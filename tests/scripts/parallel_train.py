@@ -28,6 +28,7 @@ ends see; pipelines only, with the one-line API: the delay sits inside the timed
 number of steps is ARGUS_TEST_STEPS, the model's width ARGUS_TEST_WIDTH.
 """
 
+import gc
 import os
 import time
 
@@ -127,7 +128,7 @@ def _mesh(shape, names):
     return init_device_mesh("cpu", shape, mesh_dim_names=names)
 
 
-pipeline = mesh = None
+pipeline = mesh = ep_mesh = None
 if PARALLEL == "ddp":
     model = torch.nn.parallel.DistributedDataParallel(_mlp())
 elif PARALLEL == "fsdp2":
@@ -234,7 +235,11 @@ if os.environ.get("ARGUS_TEST_COUNTERS"):  # dynamo's graph breaks, for the comp
     with open(f"{os.environ['ARGUS_TEST_COUNTERS']}.{rank}.json", "w") as out:
         json.dump({"graph_breaks": sum(counters["graph_break"].values()),
                    "reasons": sorted(counters["graph_break"])}, out)
-# no reference to a process group may outlive the groups: one destroyed at interpreter exit
-# can abort the process under load ("terminate called without an active exception")
-pipeline = mesh = None
+# nothing may hold a process group past destroy_process_group (the model and its compiled
+# code, the meshes, the pipeline): a group destroyed at interpreter exit can abort the
+# process under load ("terminate called without an active exception")
+model = optimizer = first = pipeline = mesh = ep_mesh = None
+if COMPILE:
+    torch._dynamo.reset()
+gc.collect()
 dist.destroy_process_group()
