@@ -188,6 +188,63 @@ def test_peer_set_shards_publish_together_exactly_what_one_scorer_does(prometheu
         config(prometheus.url, split="rank")
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_a_rank_regex_matches_exactly_its_ranks(seed):
+    """The peer-set selector's regex matches every rank of the set and no other rank text,
+    whatever the set: strided, blocks, random, across digit counts."""
+    import random
+    import re
+
+    from argus_core.score.snapshot import ranks_regex
+
+    rng = random.Random(seed)
+    world = rng.choice([7, 100, 1_000, 12_000])
+    kind = seed % 3
+    if kind == 0:  # the ranks at one position of an axis
+        stride = rng.randint(1, 9)
+        ranks = set(range(rng.randrange(stride), world, stride))
+    elif kind == 1:  # blocks of consecutive ranks
+        block = rng.randint(1, 64)
+        ranks = {r for r in range(world) if (r // block) % 3 == seed % 2}
+    else:
+        ranks = set(rng.sample(range(world), rng.randint(1, world)))
+    ranks = ranks or {world - 1}
+    pattern = re.compile(ranks_regex(sorted(ranks)))  # anchored, as PromQL anchors it
+    texts = [str(r) for r in range(world + 100)] + ["", "-1", "01", "1 ", "x"]
+    assert {t for t in texts if pattern.fullmatch(t)} == set(map(str, ranks))
+
+
+def test_ranks_too_many_for_a_short_regex_are_selected_by_a_join_to_the_same_result(
+        prometheus, monkeypatch):
+    """A peer set whose rank regex would be too long for the engine's bound on a query is
+    fetched by a join with argus_rank_info instead, and scores exactly the same."""
+    from argus_core.score import snapshot
+
+    def round_of(scorer: Scorer) -> dict:
+        assert scorer.run_round()
+        return published([scorer])
+
+    by_regex = Scorer(config(prometheus.url))
+    by_join = Scorer(config(prometheus.url))
+    queries: list[str] = []
+    query_columns = by_join.api.query_columns
+
+    def recorded(expr: str, *args, **kwargs):
+        queries.append(expr)
+        return query_columns(expr, *args, **kwargs)
+
+    by_join.api.query_columns = recorded
+    for _ in range(5):  # rounds back to back, until the steps' rates did not move between
+        one = round_of(by_regex)
+        with monkeypatch.context() as patch:
+            patch.setattr(snapshot, "MAX_RANKS_REGEX", 0)
+            other = round_of(by_join)
+        if one == other:
+            break
+    assert one == other and one["argus_kernel_w1_score"]
+    assert queries and all("argus_rank_info" in q and "rank=~" not in q for q in queries)
+
+
 def test_prometheus_down_publishes_nothing_and_says_so(prometheus):
     scorer = Scorer(config(prometheus.url))
     assert scorer.run_round()

@@ -26,6 +26,7 @@ from argus_core.rules.config import RulesConfig, format_duration
 PROMETHEUS = "prometheus"
 VICTORIAMETRICS = "victoriametrics"
 ENGINES = (PROMETHEUS, VICTORIAMETRICS)
+MAX_QUERY_SERIES = 10_000_000  # series one query may select on victoria-metrics
 VMAGENTS = 2  # scrapers sharing the targets on the VictoriaMetrics engine
 
 # The Debian package that provides each program the engines run.
@@ -88,7 +89,10 @@ def commands(engine: str, binary, rules: RulesConfig, workdir: Path, addr: dict[
         binary("victoria-metrics"), f"-httpListenAddr={addr['victoria-metrics']}",
         f"-storageDataPath={workdir / 'victoria-metrics-data'}", "-retentionPeriod=1d",
         # samples are queryable one scrape after they arrive, not 30 s
-        f"-search.latencyOffset={scrape}"], store + "/health")]
+        f"-search.latencyOffset={scrape}",
+        # the scorer reads a peer set's kernel summaries in one query: 800,000 series at
+        # 2,000 ranks x 100 kernels, over the default cap of 300,000 (HTTP 422)
+        f"-search.maxUniqueTimeseries={MAX_QUERY_SERIES}"], store + "/health")]
     for i in range(VMAGENTS):
         name = f"vmagent-{i}"
         out.append(Component(name, [

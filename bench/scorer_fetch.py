@@ -1,0 +1,139 @@
+"""Benchmark: the scorer's fetch of one job's kernel summaries from a real victoria-metrics,
+each peer set selected by its ranks (the scorer's way) against the baseline of a join with
+``argus_rank_info`` (measured in the same run, on the same store).
+
+    python bench/scorer_fetch.py [--ranks 2000] [--kernels 100] [--json]
+
+victoria-metrics is started as ``argus stack up --engine victoriametrics`` starts it; the
+processors' kernel-summary exposition (``rules_scale.kernel_exposition``: 2 clusters per
+kernel, executions, p50 and p99) and every rank's ``argus_rank_info`` (tp=4, ep=2, pp=5) are
+imported at two timestamps 15 s apart, as two scrapes would leave them. Then, for one peer set
+(pp=0, a fifth of the ranks): the baseline query, the scorer's query, and each's series;
+and the scorer's whole fetch (``fetch_summaries``: every peer set, decoded into the table the
+core scores) and one shard's of five (``--split peer-set``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from _report import report
+from rules_scale import kernel_exposition, topology_for
+
+from argus_core.schema import AXES
+from argus_core.score.prometheus import PrometheusAPI
+from argus_core.score.snapshot import (
+    SUMMARY_INTS,
+    SUMMARY_TEXTS,
+    fetch_summaries,
+    rank_coords,
+    ranks_regex,
+)
+from argus_core.stack import engines
+from argus_core.stack.processes import free_port, start, wait_ready
+from argus_core.stack.stack import binary
+
+JOB = "bench"
+
+
+def rank_info(ranks: int) -> bytes:
+    """Every rank's ``argus_rank_info`` as the processors expose it."""
+    coords = topology_for(ranks).coords()
+    lines = [f'argus_rank_info{{job="{JOB}",rank="{r}",host="node-{r // 8}",'
+             + ",".join(f'{a}="{coords[r, i]}"' for i, a in enumerate(AXES)) + "} 1"
+             for r in range(ranks)]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def load(url: str, parts: list[bytes], now: int) -> float:
+    """Import the exposition at two timestamps; seconds it took."""
+    t0 = time.perf_counter()
+    for stamp in (now - 30, now - 15):
+        for part in parts:
+            request = urllib.request.Request(
+                f"{url}/api/v1/import/prometheus?timestamp={stamp * 1000}&extra_label=job={JOB}",
+                data=part)
+            with urllib.request.urlopen(request, timeout=600) as answer:
+                answer.read()
+    with urllib.request.urlopen(f"{url}/internal/force_flush", timeout=60) as answer:
+        answer.read()
+    return time.perf_counter() - t0
+
+
+def timed(call) -> tuple[object, float]:
+    t0 = time.perf_counter()
+    out = call()
+    return out, time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ranks", type=int, default=2_000)
+    parser.add_argument("--kernels", type=int, default=100)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="argus-scorer-fetch-"))
+    address = f"127.0.0.1:{free_port()}"
+    url = f"http://{address}"
+    process = start("victoria-metrics", [
+        binary("victoria-metrics"), f"-httpListenAddr={address}",
+        f"-storageDataPath={workdir / 'data'}", "-retentionPeriod=1d",
+        "-search.latencyOffset=1s", f"-search.maxUniqueTimeseries={engines.MAX_QUERY_SERIES}"],
+        workdir / "logs")
+    try:
+        wait_ready(process, url + "/health", timeout=120)
+        parts = [*kernel_exposition(args.ranks, args.kernels, 10), rank_info(args.ranks)]
+        load_s = load(url, parts, int(time.time()))
+        # the imported samples become searchable once the store's caches see them
+        api = PrometheusAPI(url, timeout_s=600, max_answer_bytes=4 << 30)
+        deadline = time.monotonic() + 120
+        while len(api.query(f'argus_rank_info{{job="{JOB}"}}')) < args.ranks:
+            if time.monotonic() > deadline:
+                raise SystemExit("the imported argus_rank_info never became searchable")
+            time.sleep(1)
+        coords = rank_coords(api.query(f'argus_rank_info{{job="{JOB}"}}'))
+        match = f'job="{JOB}"'
+        ranks = sorted(r for r, c in coords.items() if c[AXES.index("pp")] == 0)
+        join = f'\nand on (job, rank) argus_rank_info{{{match},pp="0"}}'
+        by_ranks = f'{match},rank=~"{ranks_regex(ranks)}"'
+
+        def peer_set(selector: str, where: str) -> int:
+            executions = api.query_columns(f"argus_kernel_executions{{{selector}}}{where}",
+                                           SUMMARY_INTS, ("kernel",))
+            durations = api.query_columns(f"argus_kernel_duration_seconds{{{selector}}}{where}",
+                                          SUMMARY_INTS, SUMMARY_TEXTS)
+            return len(executions) + len(durations)
+
+        joined_n, joined_s = timed(lambda: peer_set(match, join))
+        ranked_n, ranked_s = timed(lambda: peer_set(by_ranks, ""))
+        window_ns = 60 * 10**9
+        (whole, _, _), whole_s = timed(lambda: fetch_summaries(api, match, coords, "pp",
+                                                               window_ns))
+        (shard, _, _), shard_s = timed(lambda: fetch_summaries(
+            api, match, coords, "pp", window_ns, owns=lambda p: p % 5 == 0))
+        result = {
+            "ranks": args.ranks, "kernels": args.kernels, "import_seconds": load_s,
+            "peer_set_series": ranked_n,
+            "baseline_peer_set_fetch_seconds": joined_s,
+            "peer_set_fetch_seconds": ranked_s,
+            "peer_set_fetch_ratio_to_baseline": ranked_s / joined_s,
+            "peer_sets_agree": joined_n == ranked_n,
+            "job_fetch_seconds": whole_s, "job_summary_rows": len(whole.rank),
+            "job_series_per_second": 3 * len(whole.rank) / whole_s,
+            "shard_of_5_fetch_seconds": shard_s, "shard_summary_rows": len(shard.rank),
+        }
+    finally:
+        process.stop(60)
+        shutil.rmtree(workdir, ignore_errors=True)
+    report(result, args.json)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    main()
