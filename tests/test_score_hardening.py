@@ -425,3 +425,18 @@ def test_a_100_mb_answer_is_refused_at_the_bound_and_memory_stays_flat(
 def test_cli_refuses_bad_bounds_naming_the_flag(argv, message, capsys):
     assert main(["score", "--prometheus", "http://127.0.0.1:9090", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_failed_long_query_is_named_in_one_short_line():
+    """A peer set's rank regex makes queries of kilobytes: an error names the query's start
+    and its length, not all of it."""
+    from argus_core.score.prometheus import PrometheusAPI, QueryError, shown
+
+    api = PrometheusAPI(f"http://127.0.0.1:{free_port()}", timeout_s=1, attempts=1)
+    expr = 'argus_kernel_executions{job="a",rank=~"' + "|".join(map(str, range(3000))) + '"}'
+    with pytest.raises(QueryError) as failure:
+        api.query(expr)
+    message = str(failure.value)
+    assert len(message) < 600 and f"({len(expr)} characters)" in message
+    assert message.startswith(repr(expr[:40])[:-1])
+    assert shown("up") == "'up'"

@@ -69,6 +69,17 @@ def quote_label(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
+SHOWN_QUERY_CHARS = 300  # of a query, in an error: a peer set's rank regex runs to 8 KB
+
+
+def shown(expr: str) -> str:
+    """A query as an error names it: quoted, cut after ``SHOWN_QUERY_CHARS`` characters
+    (the length said), so that one failure is one readable log line."""
+    if len(expr) <= SHOWN_QUERY_CHARS:
+        return repr(expr)
+    return f"{expr[:SHOWN_QUERY_CHARS]!r}... ({len(expr)} characters)"
+
+
 def size_text(n: int) -> str:
     """``n`` bytes as a person reads a bound: whole MiB where it is one, else bytes."""
     return f"{n >> 20} MiB" if n and n % (1 << 20) == 0 else f"{n} bytes"
@@ -135,7 +146,7 @@ class PrometheusAPI:
         try:
             columns = self._retried(expr, read)
         except DecodeError as exc:  # the answer holds what the scorer cannot read: no retry
-            raise QueryError(f"{expr!r}: {exc}", BAD_LABELS) from None
+            raise QueryError(f"{shown(expr)}: {exc}", BAD_LABELS) from None
         self.decode_fallbacks += fell_back
         finite = np.isfinite(columns.values)
         if finite_only and not finite.all():
@@ -171,7 +182,7 @@ class PrometheusAPI:
     def _fetch(self, expr: str) -> bytes:
         """One attempt: the answer's bytes, all within ``timeout_s`` and
         ``max_answer_bytes``."""
-        stopping = QueryError(f"{expr!r}: the scorer is stopping", STOPPED)
+        stopping = QueryError(f"{shown(expr)}: the scorer is stopping", STOPPED)
         if self._closing.is_set():
             raise stopping
         body = urllib.parse.urlencode({"query": expr, "timeout": f"{self.timeout_s:g}s"})
@@ -208,7 +219,8 @@ class PrometheusAPI:
                 raise self._late(expr) from None
             if self._closing.is_set():
                 raise stopping from None
-            raise QueryError(f"{expr!r}: {str(exc) or type(exc).__name__}", UNREACHABLE) from None
+            raise QueryError(f"{shown(expr)}: {str(exc) or type(exc).__name__}",
+                             UNREACHABLE) from None
         finally:
             timer.cancel()
             self._in_flight = None
@@ -220,15 +232,15 @@ class PrometheusAPI:
         if self._closing.is_set():
             raise stopping
         if short:
-            raise QueryError(f"{expr!r}: the answer ended {response.length} bytes short of "
+            raise QueryError(f"{shown(expr)}: the answer ended {response.length} bytes short of "
                              f"its Content-Length", UNREACHABLE)
         if not ok:
-            raise QueryError(f"{expr!r}: HTTP {response.status}: {_error_text(data)}",
+            raise QueryError(f"{shown(expr)}: HTTP {response.status}: {_error_text(data)}",
                              HTTP_STATUS)
         return data
 
     def _late(self, expr: str) -> QueryError:
-        return QueryError(f"{expr!r}: no whole answer within --timeout {self.timeout_s:g} s "
+        return QueryError(f"{shown(expr)}: no whole answer within --timeout {self.timeout_s:g} s "
                           f"(the deadline of connecting, sending and the whole answer)",
                           DEADLINE)
 
@@ -239,11 +251,11 @@ class PrometheusAPI:
         bound = f"the scorer's bound of {size_text(limit)} per answer (--max-answer-mb)"
         announced = response.length  # None without a Content-Length (chunked, or to close)
         if refuse_longer and announced is not None and announced > limit:
-            raise QueryError(f"{expr!r}: the answer is {announced} bytes, over {bound}",
+            raise QueryError(f"{shown(expr)}: the answer is {announced} bytes, over {bound}",
                              TOO_LARGE)
         data = response.read(limit + 1 if refuse_longer else limit)
         if len(data) > limit:
-            raise QueryError(f"{expr!r}: the answer is longer than {bound}", TOO_LARGE)
+            raise QueryError(f"{shown(expr)}: the answer is longer than {bound}", TOO_LARGE)
         return data
 
 
@@ -272,24 +284,24 @@ def _result(expr: str, data: bytes) -> list[dict]:
     try:
         document = orjson.loads(data)
     except orjson.JSONDecodeError:
-        raise QueryError(f"{expr!r}: the answer is not JSON", BAD_ANSWER) from None
+        raise QueryError(f"{shown(expr)}: the answer is not JSON", BAD_ANSWER) from None
     if not isinstance(document, dict):
-        raise QueryError(f"{expr!r}: the answer is a JSON {type(document).__name__}, not an "
+        raise QueryError(f"{shown(expr)}: the answer is a JSON {type(document).__name__}, not an "
                          f"object", BAD_ANSWER)
     if document.get("status") != "success":
-        raise QueryError(f"{expr!r}: {str(document.get('error', 'query failed'))[:300]}",
+        raise QueryError(f"{shown(expr)}: {str(document.get('error', 'query failed'))[:300]}",
                          BAD_ANSWER)
     payload = document.get("data")
     kind = payload.get("resultType") if isinstance(payload, dict) else None
     if kind != "vector":
-        raise QueryError(f"{expr!r}: expected a vector, got {str(kind)[:40]}", BAD_ANSWER)
+        raise QueryError(f"{shown(expr)}: expected a vector, got {str(kind)[:40]}", BAD_ANSWER)
     result = payload.get("result")
     if not isinstance(result, list):
-        raise QueryError(f"{expr!r}: the result is a JSON {type(result).__name__}, not a "
+        raise QueryError(f"{shown(expr)}: the result is a JSON {type(result).__name__}, not a "
                          f"list", BAD_ANSWER)
     for i, series in enumerate(result):
         if not _well_formed(series):
-            raise QueryError(f"{expr!r}: series {i} is not {{\"metric\": {{<labels>}}, "
+            raise QueryError(f"{shown(expr)}: series {i} is not {{\"metric\": {{<labels>}}, "
                              f"\"value\": [<time>, \"<number>\"]}}", BAD_ANSWER)
     return result
 
