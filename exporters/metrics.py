@@ -24,8 +24,9 @@ class StepMetrics:
     read by the scrape thread."""
 
     def __init__(self, identity: RankIdentity, health: Health, window_steps: int,
-                 queue_depth=lambda: 0):
+                 queue_depth=lambda: 0, clock: str = "device"):
         self.identity = identity
+        self.clock = clock  # what times the phases: "device" (CUDA events) or "host"
         self.health = health
         self.queue_depth = queue_depth
         self._lock = threading.Lock()
@@ -165,6 +166,11 @@ class StepMetrics:
                            labels=[*names, "order"])
             family.add_metric([*values, ",".join(order)], 1.0)
             yield family
+        clock = gauge("argus_phase_clock_info", "What times the phases (value 1): device "
+                      "(CUDA events) or host (the host clock: ranks sharing cores differ more).",
+                      labels=[*names, "clock"])
+        clock.add_metric([*values, self.clock], 1.0)
+        yield clock
         for name, (doc, value) in sorted(h.gauges.copy().items()):  # probes' own gauges
             family = gauge(name, doc, labels=names)
             family.add_metric(values, value)

@@ -214,7 +214,8 @@ class Tracer:
         self.shipper = Shipper(sink or create_sink(settings, identity, self.health), self.health,
                                settings.queue_records, settings.batch_records, settings.flush_s)
         self.metrics = StepMetrics(identity, self.health, settings.window_steps,
-                                   lambda: self.shipper.depth)
+                                   lambda: self.shipper.depth,
+                                   "device" if self.clock.device else "host")
         self.spans = SpanEmitter(identity) if settings.otel else None
         self.probes: list[Probe] = []
         self._lock = threading.Lock()

@@ -61,6 +61,7 @@ METRICS: dict[str, str] = {
     "argus_exporter_dropped_records_total": EXPORTER,
     "argus_exporter_probe_up": EXPORTER,
     "argus_phase_order_info": EXPORTER,
+    "argus_phase_clock_info": EXPORTER,
     # processor (per host)
     "argus_kernel_duration_seconds": PROCESSOR,
     "argus_kernel_executions": PROCESSOR,

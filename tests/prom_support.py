@@ -93,16 +93,19 @@ class PhaseCluster:
     summaries, identities, phase medians and totals, step counts and step times of ``ranks``
     ranks in pipeline stages of 8 (the scorer fetches and scores stages one at a time).
 
-    ``slow`` maps a job to its slow rank (2x kernels, 2x mlp) or None; ``silent`` ranks are
-    announced to a processor but never summarised; ``anonymous`` (job, rank) pairs are
-    summarised but never announced."""
+    ``slow`` maps a job to its slow rank (2x kernels, ``mlp_ratio`` x mlp) or None; ``silent``
+    ranks are announced to a processor but never summarised; ``anonymous`` (job, rank) pairs
+    are summarised but never announced; ``clocks`` maps a job to the clock its exporters say
+    times the phases (``argus_phase_clock_info``; none said for a job not in it)."""
 
     def __init__(self, ranks: int, slow: dict[str, int | None],
                  silent: dict[str, int] | None = None,
-                 anonymous: tuple[str, int] | None = None):
+                 anonymous: tuple[str, int] | None = None,
+                 clocks: dict[str, str] | None = None, mlp_ratio: float = 2.0):
         self.started = time.time()
         self.ranks, self.slow = ranks, slow
         self.silent, self.anonymous = silent or {}, anonymous
+        self.clocks, self.mlp_ratio = clocks or {}, mlp_ratio
         self.summaries = {job: synthetic_summaries(ranks, 4, slow=None if rank is None
                                                    else {rank: 2.0}, seed=i)
                           for i, (job, rank) in enumerate(slow.items())}
@@ -125,6 +128,7 @@ class PhaseCluster:
                                   labels=[*labels, "stat"])
         orders = GaugeMetricFamily("argus_phase_order_info", "order",
                                    labels=[*labels, "order"])
+        clocks = GaugeMetricFamily("argus_phase_clock_info", "clock", labels=[*labels, "clock"])
         elapsed = time.time() - self.started
         for job, slow_rank in self.slow.items():
             silent = [self.silent[job]] if job in self.silent else []
@@ -135,11 +139,13 @@ class PhaseCluster:
                     info.add_metric(ident, 1)
                 if rank in silent:
                     continue
-                mlp = 0.06 if rank == slow_rank else 0.03
+                mlp = 0.03 * (self.mlp_ratio if rank == slow_rank else 1.0)
                 for phase, seconds in (("mlp", mlp), ("dp-allreduce", 0.01)):
                     phases.add_metric([*ident, phase, "median"], seconds)
                     totals.add_metric([*ident, phase], seconds * 10 * elapsed)
                 steps.add_metric(ident, 10 * elapsed)
                 walls.add_metric([*ident, "median"], 0.1)
                 orders.add_metric([*ident, "mlp,dp-allreduce"], 1)
-        yield from (info, phases, totals, steps, walls, orders)
+                if job in self.clocks:
+                    clocks.add_metric([*ident, self.clocks[job]], 1)
+        yield from (info, phases, totals, steps, walls, orders, clocks)

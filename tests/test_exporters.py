@@ -346,7 +346,8 @@ def scrape(port: int) -> dict:
 
 
 def test_metrics_endpoint_exposes_steps_windows_and_health(tmp_path):
-    """/metrics carries step counters, rolling min/median/max and the exporter's health."""
+    """/metrics carries step counters, rolling min/median/max, the clock that times the
+    phases and the exporter's health."""
     tracer = Tracer(settings(tmp_path, window_steps=4), IDENTITY, clock=HostClock())
     run_steps(tracer, 6, sleep=0.002)
     tracer.force_flush()  # steps resolve in the background within RESOLVE_PERIOD_S
@@ -371,6 +372,8 @@ def test_metrics_endpoint_exposes_steps_windows_and_health(tmp_path):
     assert dropped["queue_full"] == 2
     assert families["argus_exporter_cpu_seconds"].samples[0].value > 0
     assert "argus_exporter_queue_depth" in families
+    [clock] = families["argus_phase_clock_info"].samples  # the scorer's floor for its ranks
+    assert clock.labels["clock"] == "host" and clock.labels["rank"] == "3" and clock.value == 1
 
 
 def test_metrics_port_past_the_last_one_is_reported_not_raised(tmp_path):

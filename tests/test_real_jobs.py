@@ -146,6 +146,33 @@ def test_a_verdict_under_the_cost_floor_is_minor(tmp_path):
     assert strict.minor[0].cost.share == pytest.approx(share)
 
 
+def _device_timed(path: Path, tmp_path: Path) -> Path:
+    """A copy of a recording whose steps say their phases were timed on a device (each step
+    anchored on the device clock, as an exporter with CUDA events records it)."""
+    out = tmp_path / path.name
+    with gzip.open(path, "rb") as src, gzip.open(out, "wb") as dst:
+        for line in src:
+            record = orjson.loads(line)
+            if record["kind"] == "step":
+                record["gpu_t_ns"] = record["t_ns"]
+            dst.write(orjson.dumps(record) + b"\n")
+    return out
+
+
+def test_ranks_apart_on_the_host_clock_are_no_verdict_but_on_a_device_they_are(tmp_path):
+    """A healthy real job whose rank 1 ran 1.3-1.6x slower than rank 0 in every phase for
+    the whole run (the scheduler's share of its cores): on the host clock that is within the
+    rank-to-rank spread of ``l2.host_scale_floor``, and no verdict. The same times measured
+    on a device, where ranks agree to ``l2.scale_floor``, make rank 1 a compute straggler."""
+    path = DATA / "healthy-2-run4.ndjson.gz"
+    host = diagnose(_trace(path))
+    assert not host.context.device and host.verdicts == []
+    device = diagnose(_trace(_device_timed(path, tmp_path)))
+    assert device.context.device
+    assert {v.rank: v.cause for v in device.verdicts} == {1: "compute"}
+    assert {f.phase for f in device.l2.findings if f.rank == 1} >= {"forward", "backward"}
+
+
 def test_bench_runs_a_fresh_real_job(tmp_path):
     """``bench/real_jobs.py`` starts a real job and judges it: its last line is the summary."""
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "real_jobs.py"), "--json",

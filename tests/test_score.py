@@ -106,6 +106,29 @@ def test_beyond_promql_publishes_only_what_promql_rules_cannot_judge(prometheus)
     assert {s["axis"] for s, _ in samples(scorer)["argus_phase_straggler_ratio"]} == {"dp"}
 
 
+def test_ranks_timed_on_the_host_clock_are_compared_with_its_wider_floor(tmp_path):
+    """Three jobs alike but for their exporters' clock, each with rank 5 1.3x its dp group's
+    mlp: exporters timing on a device (and ones that do not say) page on it; exporters timing
+    on the host clock, where healthy ranks sharing cores differ that much, do not."""
+    jobs = {"gpu-job": "device", "cpu-job": "host", "unsaid": None}
+    server, target = serve_collectors(PhaseCluster(
+        RANKS, dict.fromkeys(jobs, SLOW_RANK), mlp_ratio=1.3,
+        clocks={job: clock for job, clock in jobs.items() if clock}))
+    (tmp_path / "prometheus").mkdir()
+    prom = Prometheus(tmp_path / "prometheus", {"cluster": target}).start()
+    try:
+        prom.wait_for("argus_phase_clock_info", count=2 * RANKS)
+        prom.wait_for('increase(argus_steps_total[5s]) > 0', count=len(jobs) * RANKS)
+        scorer = Scorer(config(prom.url))
+        assert scorer.run_round()
+        out = samples(scorer)
+    finally:
+        prom.stop()
+        server.shutdown()
+    assert {(s["job"], s["rank"], s["phase"]) for s, _ in out["argus_phase_straggler_ratio"]} == {
+        (job, str(SLOW_RANK), "mlp") for job in ("gpu-job", "unsaid")}
+
+
 def test_the_scorer_takes_what_it_shares_with_the_rules_from_their_config(tmp_path):
     """``argus score --config``: the rules' l2_source and axes decide what it publishes, and
     their rate window and selector how it reads; flags override the file."""

@@ -9,17 +9,18 @@ late or slow peer (whose collectives are mostly waiting) and healthy jobs' noise
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
-from test_real_jobs import EXPECTED, RECORDINGS, _case
+from test_real_jobs import DATA, EXPECTED, RECORDINGS, _case
 
 from argus_core.detect.steps import step_matrix
 from argus_core.reader import load_traces
 from argus_core.score.core_adapter import judge
 from argus_core.score.service import Published, ScoreConfig, Scorer
-from argus_core.score.snapshot import JobSnapshot, concat, phase_table
+from argus_core.score.snapshot import JobSnapshot, concat, on_host_clock, phase_table
 from argus_exporters.health import Health
 from argus_exporters.identity import RankIdentity
 from argus_exporters.metrics import StepMetrics
@@ -44,7 +45,8 @@ def _series(families, wanted: dict[str, dict[str, str]]) -> dict[str, list[dict]
 def scrapes(path: Path):
     """(step, JobSnapshot) every ``SCRAPE_EVERY`` steps once the windows are full, and at the
     last step:
-    each rank's recorded steps fed, in order, to its own exporter ``StepMetrics``."""
+    each rank's recorded steps fed, in order, to its own exporter ``StepMetrics`` (timing on
+    the host clock, as the CPU jobs' exporters did)."""
     trace = next(iter(load_traces([path]).traces.values()))
     matrix = step_matrix(trace.steps)
     coords = trace.coords(matrix.ranks)
@@ -55,7 +57,7 @@ def scrapes(path: Path):
                                 local_rank=0, host=info.host if info else "vm",
                                 coords=dict(zip(("dp", "tp", "pp", "ep"), coords[i].tolist(),
                                                 strict=True)))
-        metrics.append(StepMetrics(identity, Health(), WINDOW_STEPS))
+        metrics.append(StepMetrics(identity, Health(), WINDOW_STEPS, clock="host"))
     names = matrix.phase_names
     last = matrix.phases.shape[1] - 1
     for s in range(last + 1):
@@ -71,7 +73,8 @@ def scrapes(path: Path):
             continue
         wanted = {"argus_phase_window_seconds": {}, "argus_step_window_seconds":
                   {"stat": "median"}, "argus_phase_order_info": {},
-                  "argus_step_cpu_wait_window_seconds": {"stat": "median"}}
+                  "argus_step_cpu_wait_window_seconds": {"stat": "median"},
+                  "argus_phase_clock_info": {}}
         series = {name: [] for name in wanted}
         for m in metrics:
             for name, found in _series(m.collect(), wanted).items():
@@ -88,7 +91,8 @@ def scrapes(path: Path):
         yield s, JobSnapshot(job=trace.job, summary=concat([], {}, 60 * 10**9), phases=table,
                              coords={int(r): tuple(c) for r, c in
                                      zip(matrix.ranks.tolist(), coords.tolist(), strict=True)},
-                             cpu_wait=waits)
+                             cpu_wait=waits,
+                             host_clock=on_host_clock(series["argus_phase_clock_info"]))
 
 
 @pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.name.split(".")[0])
@@ -103,6 +107,22 @@ def test_the_scorer_pages_only_on_the_faulty_rank_of_a_real_job(path):
                  if f.rank not in faulty]
         assert not false, f"step {step}: {false}"
     assert judged
+
+
+def test_the_scorer_widens_its_floor_only_for_ranks_timed_on_the_host_clock():
+    """A healthy real job whose rank 1 ran 1.3-1.6x slower than rank 0 in every phase (the
+    scheduler's share of its cores) pages on no scrape, as its exporters said their clock was
+    the host's. The same windows from exporters that timed on a device (ranks agree to
+    ``l2.scale_floor`` there) page on rank 1."""
+    path = DATA / "healthy-2-run4.ndjson.gz"
+    device_pages = 0
+    for step, snapshot in scrapes(path):
+        assert snapshot.host_clock
+        assert not judge(snapshot).phases, f"step {step}"
+        device = judge(dataclasses.replace(snapshot, host_clock=False)).phases
+        assert {f.rank for f in device} <= {1}
+        device_pages += bool(device)
+    assert device_pages
 
 
 # a rank short of CPU (a hog on its core) is slow in its phases too: the scorer publishes its

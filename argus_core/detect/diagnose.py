@@ -174,15 +174,15 @@ def diagnose(trace: Trace, config: DiagnoseConfig | None = None) -> Diagnosis:
     if len(matrix.steps) and not calm.any():
         warnings.append("no steady steps to compare ranks on (too few steps after warm-up)")
     stages = stage_classes(trace.kernels, placement.step_col, matrix.ranks, coords)
-    l2 = (detect_l2(matrix, coords, calm, config.l2, times, stages) if calm.any()
-          else L2Result())
+    device = bool(len(trace.kernels)) or bool((trace.steps.gpu_t_ns >= 0).any())
+    l2 = (detect_l2(matrix, coords, calm, config.l2.on_clock(device), times, stages)
+          if calm.any() else L2Result())
     steps = _kernel_steps(matrix, calm, l1, l2, config.min_onset_steps)
     scores, l3, excused = kernel_findings(trace, matrix, steps, placement, config.window_s,
                                           config.peer_axis, config.compression, config.l3)
     step_s = float(np.nanmedian(l1.iteration_s[l1.judged])) if l1.judged.any() else None
     context = JobContext(step_s, len(matrix.ranks), int(calm.sum()),
-                         int(matrix.steps[-1]) if len(matrix.steps) else None,
-                         bool(len(trace.kernels)) or bool((trace.steps.gpu_t_ns >= 0).any()))
+                         int(matrix.steps[-1]) if len(matrix.steps) else None, device)
     host = (detect_host(matrix, times, calm, step_s, config.host) if step_s else [])
     links = detect_links(trace.steps, matrix, calm, config.links, l1.iteration_s)
     minor: list[Verdict] = []

@@ -25,7 +25,8 @@ Exactly what a rank is flagged on (the recording rules reproduce this):
    since it is estimated from those few steps, and by ``drift_factor``: how much more the
    medians of 5-step batches vary than independent steps would, pooled over the rows: real
    ranks drift for a few steps), and ``scale_floor`` the rank-to-rank spread
-   assumed when too few ranks show it (counted twice for a pair: two ranks differ).
+   assumed when too few ranks show it (counted twice for a pair: two ranks differ;
+   ``host_scale_floor`` for phases timed on the host clock, ``L2Config.on_clock``).
 4. Flag when ``exp(s) >= min_ratio`` and ``s / sigma >= z_family``, where
    ``z_family = max(z_threshold, Phi^-1(1 - alpha / N))`` and N is the number of statistics
    judged in the job (every rank x phase x axis, plus every group below): Bonferroni, so the
@@ -55,7 +56,7 @@ not the network, is the cause (case 5).
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from scipy.stats import chi2
@@ -80,10 +81,23 @@ class L2Config:
     alpha: float = 0.002  # expected falsely flagged statistics per job (family-wise)
     z_threshold: float = 4.0  # never flag below this z; z_family is higher in larger jobs
     scale_floor: float = 0.02  # rank-to-rank spread of ln(time) assumed at least 2%
+    host_scale_floor: float = 0.1  # the same on the host clock (see ``on_clock``)
     waiter_share: float = 0.5  # a waiter spends at least half its collective waiting
     min_pool: int = 8  # statistics needed before their pooled MAD is trusted
     onset_min_steps: int = 3  # steps on each side of a per-rank onset
     compare_unlike_stages: bool = False  # pp axis: compare stages whose work differs
+
+    def on_clock(self, device: bool) -> L2Config:
+        """The thresholds for phases timed on a device (CUDA events) or on the host clock.
+
+        A phase timed on the host clock (a CPU job, or a GPU job recorded without device
+        times) includes the share of its cores the scheduler gave the rank: ranks of healthy
+        real jobs on shared cores differ by up to 30% in a phase for a whole run, at step noise
+        small enough to make that significant. Their rank-to-rank spread is taken as at least
+        ``host_scale_floor``; injected faults are 2x and more."""
+        if device or self.host_scale_floor <= self.scale_floor:
+            return self
+        return replace(self, scale_floor=self.host_scale_floor)
 
 
 @dataclass(frozen=True)

@@ -156,6 +156,9 @@ class RulesConfig:
                        "group median) / max(1.4826 MAD, l2_scale_floor)", _L2.z_threshold)
     l2_scale_floor: float = _doc("L2: the spread of ln(time / group median) is never taken "
                                  "below this (identical peers)", _L2.scale_floor)
+    l2_host_scale_floor: float = _doc("L2: the same for a job whose exporters time phases on "
+                                      "the host clock (argus_phase_clock_info{clock=\"host\"})",
+                                      _L2.host_scale_floor)
     l2_min_pool: int = _doc("L2: the MAD pooled over an axis's ranks is used from this many "
                             "ranks on", _L2.min_pool)
     processor_reject_ratio: float = _doc("share of records the processor may reject before "

@@ -390,11 +390,16 @@ def spread_rules(config: RulesConfig, axis: str, phases: str) -> list[dict]:
     scale = f"job_phase:argus_phase_log_ratio:scale{on_axis(axis)}"
     margin = (f"clamp_min(\n  {scale}\n  * on (job) group_left job:argus_l2_z:family,\n"
               f"  {math.log(config.l2_min_ratio)!r}\n)")
+    clock = select("argus_phase_clock_info", config.selectors.exporters)
+    host = select("argus_phase_clock_info", config.selectors.exporters, 'clock="host"')
+    on_host = f"2 * count by (job) ({host}) > count by (job) ({clock})"
     return [
         _record("job_phase:argus_phase_log_ratio:scale",
                 _max("job, phase", ("mad", f"{MAD_TO_SIGMA} * {mad}"),
                      ("floor", f"{config.l2_scale_floor!r} + 0 * max by (job, phase) "
-                               f"({median})")), axis=axis),
+                               f"({median})"),
+                     ("host_floor", f"({config.l2_host_scale_floor!r} + 0 * max by (job, phase) "
+                                    f"({median})) and on (job) ({on_host})")), axis=axis),
         _record("axis_group:argus_phase_seconds:threshold",
                 f"{median}\n* on (job, phase) group_left\nexp(\n{indent(margin)}\n)",
                 axis=axis),

@@ -3,9 +3,10 @@
 ``judge`` turns a job's snapshot into what the scorer publishes, with the core's own code:
 
 - L2: ``detect_l2`` on the phase medians as one "step" (how the core judges a metrics
-  snapshot: the spread is the pooled MAD and the scale floor, the threshold the family-wise
-  z over every statistic of the job). Collective phases are judged on their transfer time,
-  the waiting for the last arriver removed (``collective_times``: a rank's arrival at a
+  snapshot: the spread is the pooled MAD and the scale floor, the host clock's where the
+  ranks' exporters time phases on it, the threshold the family-wise z over every statistic
+  of the job). Collective phases are judged on their transfer time, the waiting for the last
+  arriver removed (``collective_times``: a rank's arrival at a
   collective is the time of the phases before it, in step order, plus its time in no phase,
   wall - phases, beyond what most of its group spends there). Pipeline stages are compared
   only where alike (``stage_classes``: the kernels each stage runs per step, read off the
@@ -142,7 +143,7 @@ def judge(snapshot: JobSnapshot, peer_axis: str = "pp",
     out = Judgement()
     l2 = L2Result()
     if snapshot.phases is not None:
-        l2 = judge_phases(snapshot.phases, config.l2,
+        l2 = judge_phases(snapshot.phases, config.l2.on_clock(not snapshot.host_clock),
                           stage_classes(snapshot, snapshot.phases))
         out.wait_s, out.l2_tests, out.z_family = l2.wait_s, l2.tests, l2.z_family
         published = (all_findings(l2, snapshot.phases) if l2_findings == L2_FINDINGS_ALL

@@ -62,6 +62,7 @@ class JobSnapshot:
     stage_sample: KernelSummary | None = None  # with peer_sets: the stage sample's others
     identities: dict[int, RankRecord] = field(default_factory=dict)  # host and placement
     cpu_wait: dict[int, float] = field(default_factory=dict)  # rank -> median CPU wait a step
+    host_clock: bool = False  # phases timed on the host clock (``on_host_clock``)
 
     @property
     def known_ranks(self) -> set[int]:
@@ -448,6 +449,7 @@ def fetch_job(api: PrometheusAPI, job: str, selector: str, window_s: float,
     (step_rank,), step_rate = label_columns(steps, ("rank",))
     waits = api.query(f'argus_step_cpu_wait_window_seconds{{{match},stat="median"}}')
     (wait_rank,), wait_s = label_columns(waits, ("rank",))
+    clocks = api.query(f"argus_phase_clock_info{{{match}}}")
     table = phase_table(phases, walls, orders, minimums, quartiles)
     summary, sample, peer_sets = fetch_summaries(api, match, coords, peer_axis,
                                                  int(window_s * 1e9), owns, stage_sample(table))
@@ -457,7 +459,16 @@ def fetch_job(api: PrometheusAPI, job: str, selector: str, window_s: float,
         identities=identities,
         steps_per_s=dict(zip(_ints(step_rank, "rank").tolist(), step_rate.tolist(),
                              strict=True)),
-        cpu_wait=dict(zip(_ints(wait_rank, "rank").tolist(), wait_s.tolist(), strict=True)))
+        cpu_wait=dict(zip(_ints(wait_rank, "rank").tolist(), wait_s.tolist(), strict=True)),
+        host_clock=on_host_clock(clocks))
+
+
+def on_host_clock(clocks: list[dict]) -> bool:
+    """Whether a job's phases are timed on the host clock: most of its ranks' exporters say
+    so (``argus_phase_clock_info{clock="host"}``). None saying (exporters before the metric,
+    other producers): timed on a device, the tighter comparison."""
+    (clock,), _ = label_columns(clocks, ("clock",))
+    return 2 * clock.count("host") > len(clock)
 
 
 def list_jobs(api: PrometheusAPI, selector: str) -> list[str]:

@@ -44,6 +44,11 @@ def l2_margin(config: RulesConfig, tests: int, sigma: float | None = None) -> fl
     return max(math.log(config.l2_min_ratio), z * max(sigma or 0.0, config.l2_scale_floor))
 
 
+def host_l2_margin(config: RulesConfig, tests: int) -> float:
+    """The same for a job whose exporters time phases on the host clock."""
+    return l2_margin(config, tests, config.l2_host_scale_floor)
+
+
 def scorer_labels(config: RulesConfig, job: str, rank: int, phase: str, axis: str,
                    **coords: int) -> dict[str, str]:
     """The labels of one ``argus_phase_straggler_ratio`` series."""
@@ -131,7 +136,9 @@ def l2_promql_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
     """``l2_source: promql``: the rules' comparison (a compute straggler in a dp group of
     four; its peers' waiting in the all-reduce is not slowness; a rank halfway to the
     threshold raises nothing; the same straggler in a job whose step is so long that its
-    excess costs less than ``min_cost_share`` of it raises nothing either)."""
+    excess costs less than ``min_cost_share`` of it raises nothing either; a rank between the
+    device and the host clock's thresholds fires where its exporters time on a device and not
+    where they time on the host clock)."""
     onset = 0
     samples = intervals(config, config.for_straggler) + 2
     series: list[Series] = []
@@ -165,18 +172,35 @@ def l2_promql_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
         series.append(Series("argus_phase_window_seconds",
                              {**labels, "phase": "mlp", "stat": "median"},
                              [near if rank == 3 else base] * samples))
+    between = base * math.exp((margin + host_l2_margin(config, tests=4)) / 2)
+    for job, clock in (("on-device", "device"), ("on-host", "host")):
+        for rank in range(4):
+            labels = rank_labels(config, job, rank, dp=rank)
+            series.append(Series("argus_steps_total", labels,
+                                 [100.0 + k for k in range(samples)]))
+            series.append(Series("argus_step_window_seconds", {**labels, "stat": "median"},
+                                 [costly_step] * samples))
+            series.append(Series("argus_phase_window_seconds",
+                                 {**labels, "phase": "mlp", "stat": "median"},
+                                 [between if rank == 3 else base] * samples))
+            series.append(Series("argus_phase_clock_info", {**labels, "clock": clock},
+                                 [1.0] * samples))
     rule = rule_named(groups, "ArgusStragglerRank")
-    labels = rank_labels(config, "train", 3, dp=3)
-    straggler = expect(
-        alert_labels(config, rule, **labels, phase="mlp", axis="dp"),
-        annotations(rule, **{"$labels.rank": "3", "$labels.host": "node-0",
-                              "$labels.job": "train", "$labels.axis": "dp",
-                              "$labels.phase": "mlp",
-                              '$value | printf "%.2f"': f"{slow / base:.2f}"}))
+
+    def straggler(job: str, ratio: float) -> dict:
+        labels = rank_labels(config, job, 3, dp=3)
+        return expect(
+            alert_labels(config, rule, **labels, phase="mlp", axis="dp"),
+            annotations(rule, **{"$labels.rank": "3", "$labels.host": "node-0",
+                                  "$labels.job": job, "$labels.axis": "dp",
+                                  "$labels.phase": "mlp",
+                                  '$value | printf "%.2f"': f"{ratio:.2f}"}))
+
     return [unit_test(config, "ArgusStragglerRank: the slow rank, not the ranks waiting for it, "
-                  "and only where its excess costs the job", series,
+                  "only where its excess costs the job, on its clock's threshold", series,
                   alerts=fires(config, "ArgusStragglerRank", onset, config.for_straggler,
-                                [straggler]))]
+                                [straggler("train", slow / base),
+                                 straggler("on-device", between / base)]))]
 
 
 def l2_scorer_finding_tests(config: RulesConfig, groups: list[dict]) -> list[dict]:
