@@ -120,7 +120,8 @@ class Collectives:
         self._learned: dict[str, int] = {}  # axis -> this rank's coordinate on it
         # (id(group), rank in it) -> (weak reference to the group, its global rank)
         self._global: dict[tuple[int, int], tuple[Callable[[], Any], int]] = {}
-        self._labelled: dict[str, Callable[[], Any]] = {}  # group name -> weak reference
+        # group name -> (weak reference to the group, its names), forgotten with the names
+        self._labelled: dict[str, tuple[Callable[[], Any], dict[str, str]]] = {}
         self.works: dict[int, Any] = {}  # id(work) -> PhaseToken of its collective
         self.tensors: dict[int, Any] = {}  # result's storage address -> PhaseToken (funcol)
         self._lock = threading.Lock()
@@ -151,15 +152,16 @@ class Collectives:
         """Phase name per operation for collectives on the group a functional operator's
         ``group_name`` argument names (the group looked up once per name; its names through
         ``names``, which forgets them when a mesh renames the group)."""
-        held = self._labelled.get(label)
-        group = held() if held is not None else None
-        if group is None and isinstance(label, str):
-            group = _group_named(label)
-            if group is not None:
-                if len(self._labelled) >= MAX_PENDING:
-                    self._labelled.clear()
-                self._labelled[label] = _held_weakly(group)
-        return self.names(group)
+        entry = self._labelled.get(label)
+        if entry is not None and entry[0]() is not None:
+            return entry[1]
+        group = _group_named(label) if isinstance(label, str) else None
+        names = self.names(group)
+        if group is not None:
+            if len(self._labelled) >= MAX_PENDING:
+                self._labelled.clear()
+            self._labelled[label] = (_held_weakly(group), names)
+        return names
 
     def peer(self, group: Any, group_rank: Any) -> int:
         """The global rank of ``group``'s rank ``group_rank`` (cached per group; NO_PEER
@@ -185,6 +187,7 @@ class Collectives:
     def _name_group(self, group: Any, axis: str) -> None:
         self._axis_of[id(group)] = (_held_weakly(group), axis)
         self._names.pop(id(group), None)
+        self._labelled.clear()
 
     def _default_axis(self, group: Any) -> str:
         try:
@@ -245,6 +248,7 @@ class Collectives:
         if identity.coords_given:
             return
         self._names.clear()  # the default group's axis may change with the coordinates
+        self._labelled.clear()
         self.tracer.update_coords({a: self._learned.get(a, 0) for a in AXES})
 
     # -- timing --------------------------------------------------------------------------
@@ -393,6 +397,7 @@ def _timed_method(state: Collectives, original: Any, op: str,
 
     compiling = _compiling(torch)
     tracer, works = state.tracer, state.works
+    begin = tracer.begin_phase
 
     def timed(group, *args, **kwargs):
         if state.muted or compiling():
@@ -403,7 +408,7 @@ def _timed_method(state: Collectives, original: Any, op: str,
             peer = state.peer(group, group_rank)
         else:
             peer = NO_PEER
-        token = tracer.begin_phase(state.names(group)[op], collective=True, peer=peer)
+        token = begin(state.names(group)[op], None, False, True, peer)  # a collective
         work = original(group, *args, **kwargs)
         if token is not None:
             if work is None:
@@ -474,7 +479,7 @@ def _timed_operator(state: Collectives, original: Any, op: str) -> Any:
         if compiling() or state.muted:
             return original(*args, **kwargs)
         label = kwargs["group_name"] if "group_name" in kwargs else args[-1] if args else None
-        token = begin(named(label)[op], collective=True)
+        token = begin(named(label)[op], None, False, True)  # a collective
         result = original(*args, **kwargs)
         if token is not None:
             last = result if type(result) is not list or not result else result[-1]

@@ -409,21 +409,24 @@ class Tracer:
             if waited_from is not None:
                 self.clock.release(waited_from)
             return
-        clock = self.clock
         base = token & SLOT_MASK
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             step = self._current
             late = token >> SLOT_BITS != step.index
             if not late and base != FULL:
                 marks, cells = step.marks, step.cells
                 end = cells[base + END] = len(marks)
-                marks.append(clock.mark(cells[base + ARG]))
+                marks.append(self._mark(cells[base + ARG]))
                 if waited_from is not None:
                     cells[base + WAITED] = len(marks)
                     marks.append(waited_from)
                 if self._device:
                     step.last[cells[base + KEY]] = -end - 1
                 late = None
+        finally:
+            lock.release()
         if late is not None:
             self._dropped_end(late, waited_from)
 
