@@ -150,8 +150,8 @@ class Collectives:
 
     def named(self, label: Any) -> dict[str, str]:
         """Phase name per operation for collectives on the group a functional operator's
-        ``group_name`` argument names (the group looked up once per name; its names through
-        ``names``, which forgets them when a mesh renames the group)."""
+        ``group_name`` argument names (looked up once per name and cached with the group's
+        names; forgotten when a mesh or a registration renames a group)."""
         entry = self._labelled.get(label)
         if entry is not None and entry[0]() is not None:
             return entry[1]
