@@ -167,3 +167,27 @@ def test_job_wide_slowdown_has_no_culprit():
     phases[:, 20:] *= 1.5
     result = detect_l1(dp_matrix(wall, gpu, phases))
     assert [s for s, _ in result.regressions] == [20] and result.culprits == []
+
+
+@pytest.mark.parametrize(("factor", "on_the_host"), [(1.25, False), (1.4, False), (2.0, True)])
+def test_a_rank_a_little_slower_is_a_culprit_on_a_device_but_not_on_the_host_clock(
+        factor, on_the_host):
+    """Rank 3's forward and backward take ``factor`` times as long from step 20: the job
+    regresses and rank 3's compute explains it. Timed on a device, any rise that explains the
+    job's is a culprit; on the host clock, where the scheduler moves a rank's share of shared
+    cores by up to a third for tens of steps, only a rise of half its own level or more."""
+    wall, gpu, phases = phase_steps()
+    phases[3, 20:, :2] *= factor
+    own = phases[:, :, 0] + phases[:, :, 1]
+    phases[:, :, 2] = 0.005 + (own.max(axis=0) - own)
+    gpu = phases.sum(axis=2)
+    wall = gpu.max(axis=0)[None, :] + 0.002 + np.zeros((4, 1))
+    m = dp_matrix(wall, gpu, phases)
+    times = collective_times(m, Topology(dp=4).coords())
+    device = detect_l1(m, L1Config().on_clock(True), times)
+    assert [s for s, _ in device.regressions] == [20]
+    assert [(c.rank, c.cause) for c in device.culprits] == [(3, "compute")]
+    host = detect_l1(m, L1Config().on_clock(False), times)
+    assert [s for s, _ in host.regressions] == [20]
+    assert [(c.rank, c.cause) for c in host.culprits] == ([(3, "compute")] if on_the_host
+                                                          else [])

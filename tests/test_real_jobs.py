@@ -173,6 +173,33 @@ def test_ranks_apart_on_the_host_clock_are_no_verdict_but_on_a_device_they_are(t
     assert {f.phase for f in device.l2.findings if f.rank == 1} >= {"forward", "backward"}
 
 
+def test_a_link_slow_while_its_ends_wait_for_a_cpu_is_the_hosts_load_not_the_link():
+    """A healthy four-rank pipeline on a loaded 2-core machine: from step 36 the messages of
+    link 2 -> 3 took 17.7x as long at both ends while rank 2's training thread waited 12 ms a
+    step longer for a CPU. That is the host's load: a warning names the link, no verdict.
+    Without the CPU-wait rule, both ends would be blamed for a slow link."""
+    from argus_core.detect.diagnose import DiagnoseConfig
+
+    trace = _trace(DATA / "pp-healthy-4-run4.ndjson.gz")
+    d = diagnose(trace)
+    assert d.verdicts == [] and d.links == []
+    (note,) = [w for w in d.warnings if w.startswith("link ")]
+    assert note.startswith("link 2 -> 3 slowed") and "host's load" in note
+    blind = diagnose(trace, DiagnoseConfig().with_overrides(["links.cpu_wait_share=1000"]))
+    assert {v.rank: (v.cause, v.peer) for v in blind.verdicts} == {
+        2: ("communication", 3), 3: ("communication", 2)}
+
+
+def test_a_degraded_link_is_named_though_its_ends_run_short_of_cpu_a_little():
+    """A four-rank pipeline whose link 1 -> 2 delays each send 5 ms (a sleep before the send:
+    off the CPU): its ends' wait for a CPU rose about 1 ms a step, far below the link's ~20 ms,
+    so the link is named as before."""
+    d = diagnose(_trace(DATA / "pp4-link-4-run2.ndjson.gz"))
+    (link,) = [f for f in d.links if (f.sender, f.receiver) == (1, 2)]
+    assert 0 <= link.cpu_wait_rise_s < 0.1 * link.excess_s and not link.short_of_cpu
+    assert {v.rank: v.peer for v in d.verdicts} == {1: 2, 2: 1}
+
+
 def test_bench_runs_a_fresh_real_job(tmp_path):
     """``bench/real_jobs.py`` starts a real job and judges it: its last line is the summary."""
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "real_jobs.py"), "--json",

@@ -169,12 +169,12 @@ def diagnose(trace: Trace, config: DiagnoseConfig | None = None) -> Diagnosis:
     placement = place_kernels(trace.kernels, matrix)
     warnings += placement.warnings
     times = collective_times(matrix, coords, device_starts(trace.kernels, placement, matrix))
-    l1 = detect_l1(matrix, config.l1, times)
+    device = bool(len(trace.kernels)) or bool((trace.steps.gpu_t_ns >= 0).any())
+    l1 = detect_l1(matrix, config.l1.on_clock(device), times)
     calm = l1.judged & ~l1.spike_mask
     if len(matrix.steps) and not calm.any():
         warnings.append("no steady steps to compare ranks on (too few steps after warm-up)")
     stages = stage_classes(trace.kernels, placement.step_col, matrix.ranks, coords)
-    device = bool(len(trace.kernels)) or bool((trace.steps.gpu_t_ns >= 0).any())
     l2 = (detect_l2(matrix, coords, calm, config.l2.on_clock(device), times, stages)
           if calm.any() else L2Result())
     steps = _kernel_steps(matrix, calm, l1, l2, config.min_onset_steps)
@@ -185,6 +185,12 @@ def diagnose(trace: Trace, config: DiagnoseConfig | None = None) -> Diagnosis:
                          int(matrix.steps[-1]) if len(matrix.steps) else None, device)
     host = (detect_host(matrix, times, calm, step_s, config.host) if step_s else [])
     links = detect_links(trace.steps, matrix, calm, config.links, l1.iteration_s)
+    warnings += [f"link {f.sender} -> {f.receiver} slowed {f.ratio:.1f}x from step {f.onset} "
+                 f"while its ends waited {f.cpu_wait_rise_s * 1e3:.1f} ms a step longer for a "
+                 f"CPU: the host's load, not the link (no verdict)"
+                 for f in links if f.short_of_cpu and (step_s is None or f.cost_s >=
+                                                      config.verdict.min_cost_share * step_s)]
+    links = [f for f in links if not f.short_of_cpu]
     minor: list[Verdict] = []
     verdicts = build_verdicts(l1, l2, l3, trace.stacks, matrix.t_ns, host, context,
                               config.verdict, minor, links,

@@ -21,12 +21,14 @@ and device idle time (GPU time in no phase: a host stall in mid-step). A culprit
 transfer, host or idle time rose, against the median rise of the other ranks, by at least
 ``attribution_share`` of the job's extra time; its cause is the part that rose most (host and
 idle: host, the GPU work stayed flat; compute; transfer: communication), and an event has one
-cause, that of the largest rise.
+cause, that of the largest rise. On the host clock (``L1Config.on_clock``) the part must also
+reach ``host_min_rise`` times its own level before, beyond the other ranks' rise: the scheduler
+moves a rank's share of shared cores by a fifth and more for tens of steps.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -50,6 +52,20 @@ class L1Config:
     min_segment: int = 3  # steps on each side of a change point
     noise_floor: float = 0.003  # log-scale noise never assumed below 0.3%
     attribution_share: float = 0.5  # a culprit explains at least half of a spike's excess
+    min_rise: float = 1.0  # ... and its part reached this multiple of its own level
+    host_min_rise: float = 1.5  # the same on the host clock (see ``on_clock``)
+
+    def on_clock(self, device: bool) -> L1Config:
+        """The thresholds for ranks timed on a device (CUDA events) or on the host clock.
+
+        On the host clock a rank's phase times include the share of its cores the scheduler
+        gave it, which moves by a fifth and more for tens of steps in healthy real jobs on
+        shared cores: a culprit's part must reach ``host_min_rise`` times its own level,
+        beyond the other ranks' rise. The culprits of the real jobs' faults rose 1.8x and
+        more."""
+        if device or self.host_min_rise <= self.min_rise:
+            return self
+        return replace(self, min_rise=self.host_min_rise)
 
 
 @dataclass
@@ -204,7 +220,7 @@ def attribute(matrix: StepMatrix, l1: L1Result, times: CollectiveTimes,
             col = int(np.searchsorted(matrix.steps, step))
             excess_job = l1.iteration_s[col] - l1.baseline_s[col]
             deltas = {k: v[:, col] - base[k] for k, v in parts.items()}
-            culprits += _culprits(matrix, deltas, excess_job, config, step, event, None)
+            culprits += _culprits(matrix, deltas, base, excess_job, config, step, event, None)
     for (onset, _), (lo, cp, hi) in zip(l1.regressions, l1.segments, strict=True):
         before = np.zeros(len(matrix.steps), dtype=bool)
         after = np.zeros(len(matrix.steps), dtype=bool)
@@ -214,17 +230,21 @@ def attribute(matrix: StepMatrix, l1: L1Result, times: CollectiveTimes,
         after &= calm
         excess_job = float(np.median(l1.iteration_s[after]) - np.median(l1.iteration_s[before]))
         deltas = {k: _segment_delta(v, before, after) for k, v in parts.items()}
+        levels = {k: nanmedian(v[:, before], axis=1) for k, v in parts.items()}
         measured = _segment_delta(times.host_pre_s, before, after)  # steps with kernels
         deltas["host"] = np.where(np.isfinite(measured), measured, deltas["host"])
-        culprits += _culprits(matrix, deltas, excess_job, config, onset, "regression",
+        levels["host"] = np.where(np.isfinite(measured),
+                                  nanmedian(times.host_pre_s[:, before], axis=1), levels["host"])
+        culprits += _culprits(matrix, deltas, levels, excess_job, config, onset, "regression",
                               int(matrix.steps[hi - 1]))
     return culprits
 
 
-def _culprits(matrix: StepMatrix, deltas: dict[str, np.ndarray], excess_job: float,
-              config: L1Config, step: int, event: str, last: int | None) -> list[Culprit]:
+def _culprits(matrix: StepMatrix, deltas: dict[str, np.ndarray], levels: dict[str, np.ndarray],
+              excess_job: float, config: L1Config, step: int, event: str,
+              last: int | None) -> list[Culprit]:
     """Ranks whose rise in one part of their own time stands out from the other ranks' (a
-    job of one rank: its own rise)."""
+    job of one rank: its own rise) by at least ``min_rise`` of the part's level before."""
     if not excess_job > 0 or len(matrix.ranks) < 1:
         return []
     needed = config.attribution_share * excess_job
@@ -233,7 +253,9 @@ def _culprits(matrix: StepMatrix, deltas: dict[str, np.ndarray], excess_job: flo
         delta = np.nan_to_num(delta)
         others = (0.0 if len(delta) == 1 else delta[::-1] if len(delta) == 2
                   else np.median(delta))
-        stand_out[part] = delta - others
+        rise = delta - others
+        floor = (config.min_rise - 1) * np.nan_to_num(levels[part])
+        stand_out[part] = np.where(rise >= floor, rise, -np.inf)
     names = list(stand_out)
     table = np.stack([stand_out[n] for n in names])  # parts x ranks
     best = np.argmax(table, axis=0)

@@ -23,6 +23,13 @@ onset; a link that slowed while the job did not costs nothing, and the verdict n
 above the floor. A link slow from its first judged step has no history to stand out from, and a link
 of which only some messages slow down (the shortest stays fast) is not found here.
 
+A message also waits for its receiver to be scheduled: on a host short of CPU (more busy
+threads than cores) every message of a link can be late at both ends for tens of steps. A
+link whose ends' training threads waited for a CPU (``cpu_wait_s``, the run delay) longer
+across the same onset, by at least ``cpu_wait_share`` of the link's rise a step, is marked
+``short_of_cpu``: the host's load, not the link. (A slow link, a congested port or a sleep
+queued before the send waits off the CPU and leaves the run delay flat.)
+
 Links need both ends recorded with their peers (``argus_exporters`` names the peer of every
 ``send``/``recv`` it times); phases whose operation is neither are not links.
 """
@@ -35,7 +42,7 @@ import numpy as np
 
 from argus_core.detect.steps import StepMatrix
 from argus_core.stats.changepoint import drift_noise_scale, row_noise, upward_shifts
-from argus_core.stats.robust import family_z
+from argus_core.stats.robust import family_z, nanmedian
 from argus_core.taxonomy import phase_axis, phase_op
 from argus_core.trace import StepTable
 
@@ -53,6 +60,7 @@ class LinkConfig:
     noise_floor: float = 0.05  # step-to-step noise of ln(time) assumed at least 5%
     min_segment: int = 5  # steps on each side of the onset
     min_coverage: float = 0.8  # share of the judged steps a link must be recorded in
+    cpu_wait_share: float = 0.5  # an end's extra wait for a CPU this share of the rise: load
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,8 @@ class LinkFinding:
     after_s: float  # ... and from it on
     z: float
     job_rise_s: float = float("inf")  # how much the job's step rose across the onset
+    cpu_wait_rise_s: float = float("nan")  # the larger rise of its ends' wait for a CPU
+    short_of_cpu: bool = False  # that rise explains the link's: the host's load, not the link
 
     @property
     def ratio(self) -> float:
@@ -164,9 +174,24 @@ def detect_links(table: StepTable, matrix: StepMatrix, calm: np.ndarray,
         if iteration_s is not None:
             job = iteration_s[calm]
             rise = float(np.nanmedian(job[split:]) - np.nanmedian(job[:split]))
-        finding = LinkFinding(int(times.sender[row]), int(times.receiver[row]),
-                              times.axis[row], int(steps[split]), before, after,
-                              float(stat[i]), rise)
+        ends = [int(times.sender[row]), int(times.receiver[row])]
+        waited = _wait_rise(matrix, calm, ends, split)
+        finding = LinkFinding(*ends, times.axis[row], int(steps[split]), before, after,
+                              float(stat[i]), rise, waited,
+                              bool(waited >= config.cpu_wait_share * (after - before)))
         if finding.ratio >= config.min_ratio:
             found.append(finding)
     return sorted(found, key=lambda f: (f.sender, f.receiver))
+
+
+def _wait_rise(matrix: StepMatrix, calm: np.ndarray, ends: list[int], split: int) -> float:
+    """The larger rise, across the judged step ``split``, of the ends' median wait for a CPU
+    a step (NaN where the records carry no wait)."""
+    if matrix.cpu_wait is None:
+        return float("nan")
+    rows = np.flatnonzero(np.isin(matrix.ranks, ends))
+    waits = matrix.cpu_wait[rows][:, calm]
+    if not np.isfinite(waits).any():
+        return float("nan")
+    rise = nanmedian(waits[:, split:], axis=1) - nanmedian(waits[:, :split], axis=1)
+    return float(np.nanmax(rise)) if np.isfinite(rise).any() else float("nan")

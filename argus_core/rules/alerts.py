@@ -84,7 +84,8 @@ def l1_alerts(config: RulesConfig) -> list[dict]:
                f"  {config.attribution_share} * (job:argus_step_window_seconds:max"
                " - job:argus_step_window_seconds:median)\n"
                f"  + {config.min_cost_share * config.host_window:g}\n"
-               f"and on (job) job:argus_iteration_spike:settled_ratio >= {spike}",
+               "and on (job)\n"
+               f"  max_over_time(job:argus_iteration_spike:settled_ratio[{host}]) >= {spike}",
                config.for_host, "warning", "L1",
                "A rank stalled on the host and slowed its job.",
                "Rank {{ $labels.rank }} (host {{ $labels.host }}) of job {{ $labels.job }} "
