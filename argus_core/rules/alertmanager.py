@@ -33,8 +33,8 @@ PAGE = "critical"
 INHIBITIONS = (
     # While the job's pace has shifted, one slow step is the same news; the regression pages.
     (("ArgusIterationRegression",), "ArgusIterationSpike"),
-    # A host stall fires only while its job shows a spike, and explains at least
-    # `attribution_share` of it: the spike's cause, with the rank named.
+    # A host stall fires only when its job showed a spike within its host window, and explains
+    # at least `attribution_share` of it: the spike's cause, with the rank named.
     (("ArgusHostStall",), "ArgusIterationSpike"),
 )
 
