@@ -1,6 +1,7 @@
 """Benchmark: the exporter's cost per training step on CPU, and flat memory over 10,000 steps.
 
     python bench/exporter_cpu.py [--steps 10000] [--json] [--probe-only] [--against [REV]]
+    python bench/exporter_cpu.py --collectives-only [--collective-parts] [--against REV]
 
 A stand-in training step (single-threaded numpy matmuls, ~2 ms) runs with four phases per
 step (forward, backward, dp-allreduce, optimizer). Overhead: 20 interleaved pairs of 200-step
@@ -10,13 +11,18 @@ continuous 10,000-step run with Argus on: ``self_us_per_step`` is the exporter's
 (training-thread hooks plus its shipper thread, from thread CPU clocks) per step and
 ``rss_growth_mb`` the resident memory growth from step 1,000 to the end. Last, the training
 thread's cost of timing one collective (``argus_exporters.collectives``), on a real one-rank
-gloo process group: interleaved pairs of 2,000 all-reduce calls with the hooks uninstalled
-(the baseline) and installed, each way a job makes one: ``dist.all_reduce`` sync, and async
-then waited; DTensor's functional collective then ``wait_tensor`` (``functional``); and the
-functional operator then its wait as a compiled graph calls them (``graph``);
-``collective_*_overhead_cpu_us`` is the median of the pairs' differences in the training
-thread's CPU time per call (its wall time is dominated by gloo's hand-off to its worker
-thread, tens of us that vary more than the hooks cost).
+gloo process group: ``--collective-pairs`` pairs of ``--collective-calls``-call segments with
+the hooks uninstalled (the baseline) and installed, in ABBA order, each way a job makes one:
+``dist.all_reduce`` sync, and async then waited; DTensor's functional collective then
+``wait_tensor`` (``functional``); and the functional operator then its wait as a compiled
+graph calls them (``graph``); ``collective_*_overhead_cpu_us`` is the median of the pairs'
+differences in the training thread's CPU time per call, with its 95% bootstrap interval (its
+wall time is dominated by gloo's hand-off to its worker thread, tens of us that vary more
+than the hooks cost). ``--collectives-only`` measures only that; with ``--collective-parts``
+also the hooks' wrappers alone (``collective_*_wrappers_cpu_us``: the tracer records
+nothing) and the tracer's recording alone in a hot loop (``collective_recording_hot_cpu_us``),
+and with ``--against REV`` the same with REV's exporters, alternating
+subprocesses.
 
 The phase probe on a device clock, without a device (first, and alone with ``--probe-only``):
 ``CudaClock`` over ``StandInCuda``, a ``torch.cuda`` with the same call pattern (record /
@@ -56,6 +62,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 from _report import report
+from scipy import stats
 
 from argus_exporters.clock import HostClock
 from argus_exporters.config import Settings
@@ -93,8 +100,35 @@ def make_tracer(spool: str) -> Tracer:
     return Tracer(settings, identity, clock=HostClock())
 
 
-def collective_cost(pairs: int, calls: int = 2000) -> dict:
-    """Per-call cost of the collective hooks against the same calls unhooked, same run."""
+COLLECTIVE_KINDS = ("sync", "async", "functional", "graph")
+
+
+def recording_cost(calls: int = 20_000, repeats: int = 10) -> float:
+    """The tracer's recording of one collective (``begin_collective``, the wait's mark,
+    ``end_collective``) in a hot loop, no collective run, ``calls`` to a step (closed
+    outside the timing): us of the training thread's CPU per collective, best of
+    ``repeats``."""
+    with tempfile.TemporaryDirectory() as spool:
+        tracer = make_tracer(spool)
+        begin, end, mark = tracer.begin_collective, tracer.end_collective, tracer.mark_now
+        best = float("inf")
+        for _ in range(repeats):
+            c0 = time.thread_time()
+            for _ in range(calls):
+                end(begin("dp-allreduce"), mark())
+            best = min(best, (time.thread_time() - c0) / calls * 1e6)
+            tracer.step()
+            tracer.poll()
+        tracer.shutdown()
+    return best
+
+
+def collective_cost(pairs: int, calls: int = 200, recorded: bool = True) -> dict:
+    """Per-call cost of the collective hooks against the same calls unhooked, same run:
+    ``pairs`` pairs of ``calls``-call segments, unhooked and hooked in ABBA order (drift
+    cancels), the median of the pairs' differences and its 95% bootstrap interval. Without
+    ``recorded``, the tracer records nothing (``begin_collective`` returns None): the cost
+    of the hooks' wrappers alone."""
     try:
         import torch
         import torch.distributed as dist
@@ -108,6 +142,8 @@ def collective_cost(pairs: int, calls: int = 2000) -> dict:
         import torch.distributed._functional_collectives as funcol
 
         tracer = make_tracer(spool)
+        if not recorded:
+            tracer.begin_collective = lambda name, peer=-1, stream=None: None
         tensor = torch.ones(4)
         world = dist.group.WORLD
         ops = torch.ops._c10d_functional
@@ -118,8 +154,12 @@ def collective_cost(pairs: int, calls: int = 2000) -> dict:
             "graph": lambda: ops.wait_tensor(ops.all_reduce(tensor, "sum", world.group_name)),
         }
 
-        def run(call) -> tuple[float, float]:
+        def run(call, hooked: bool) -> tuple[float, float]:
             """Per call: the training thread's CPU time and wall time, in us."""
+            if hooked:
+                collectives.install(tracer)
+            else:
+                collectives.uninstall()
             t0, c0 = time.perf_counter(), time.thread_time()
             for i in range(calls):
                 call()
@@ -128,22 +168,26 @@ def collective_cost(pairs: int, calls: int = 2000) -> dict:
             return ((time.thread_time() - c0) / calls * 1e6,
                     (time.perf_counter() - t0) / calls * 1e6)
 
-        out = {}
+        out: dict[str, Any] = {"collective_pairs": pairs, "collective_calls": calls}
         collectives.install(tracer)  # the functional hooks go in once funcol is imported
         for kind, call in calls_by_kind.items():
-            run(call)  # warm
+            run(call, True)  # warm
+            run(call, False)
             cpu, wall, bases = [], [], []
-            for _ in range(pairs):
-                collectives.uninstall()
-                base = run(call)
-                collectives.install(tracer)
-                hooked = run(call)
-                cpu.append(hooked[0] - base[0])
-                wall.append(hooked[1] - base[1])
-                bases.append(base)
+            for pair in range(pairs):
+                order = (False, True) if pair % 2 == 0 else (True, False)
+                got = dict(zip(order, (run(call, hooked) for hooked in order), strict=True))
+                cpu.append(got[True][0] - got[False][0])
+                wall.append(got[True][1] - got[False][1])
+                bases.append(got[False])
+            interval = stats.bootstrap((np.asarray(cpu),), np.median, confidence_level=0.95,
+                                       n_resamples=2000, method="percentile",
+                                       random_state=0).confidence_interval
             out[f"collective_{kind}_baseline_cpu_us"] = float(np.median([b[0] for b in bases]))
             out[f"collective_{kind}_baseline_wall_us"] = float(np.median([b[1] for b in bases]))
             out[f"collective_{kind}_overhead_cpu_us"] = float(np.median(cpu))
+            out[f"collective_{kind}_overhead_cpu_us_ci95"] = [float(interval.low),
+                                                             float(interval.high)]
             out[f"collective_{kind}_overhead_cpu_us_iqr"] = [float(np.percentile(cpu, 25)),
                                                             float(np.percentile(cpu, 75))]
             out[f"collective_{kind}_overhead_wall_us"] = float(np.median(wall))
@@ -379,10 +423,18 @@ def against(rev: str, args: argparse.Namespace) -> dict:
     medians of the rounds and this tree's ratio to ``rev``'s."""
     bench = Path(__file__).resolve().parent
     repo = bench.parent
-    options = ["--probe-only", "--json", "--probe-steps", str(args.probe_steps),
-               "--probe-pairs", str(args.probe_pairs), "--buckets", str(args.buckets),
-               "--mark-us", str(args.mark_us), "--query-us", str(args.query_us),
-               "--elapsed-us", str(args.elapsed_us)]
+    if args.collectives_only:
+        options = ["--collectives-only", "--json", "--collective-pairs",
+                   str(args.collective_pairs), "--collective-calls", str(args.collective_calls)]
+        fields = tuple(f"collective_{kind}_{what}" for kind in COLLECTIVE_KINDS
+                       for what in ("overhead_cpu_us", "baseline_cpu_us"))
+    else:
+        options = ["--probe-only", "--json", "--probe-steps", str(args.probe_steps),
+                   "--probe-pairs", str(args.probe_pairs), "--buckets", str(args.buckets),
+                   "--mark-us", str(args.mark_us), "--query-us", str(args.query_us),
+                   "--elapsed-us", str(args.elapsed_us)]
+        fields = ("train_thread_us_per_step", "resolver_gil_us_per_step",
+                  "probe_event_records_per_step", "probe_event_reads_per_step")
     with tempfile.TemporaryDirectory() as tmp:
         commit = subprocess.run(["git", "rev-parse", rev], cwd=repo, check=True, text=True,
                                 capture_output=True).stdout.strip()
@@ -403,14 +455,14 @@ def against(rev: str, args: argparse.Namespace) -> dict:
                 runs[which].append(json.loads(done.stdout.strip().splitlines()[-1]))
     out: dict[str, Any] = {"against_rev": rev, "against_commit": commit,
                            "against_rounds": args.against_rounds}
-    for field in ("train_thread_us_per_step", "resolver_gil_us_per_step",
-                  "probe_event_records_per_step", "probe_event_reads_per_step"):
+    for field in fields:
         current = float(np.median([r[field] for r in runs["current"]]))
         previous = float(np.median([r[field] for r in runs["previous"]]))
         out[f"current_{field}"] = current
         out[f"previous_{field}"] = previous
         out[f"ratio_{field}"] = current / previous if previous > 0 else None
-    out["previous_probe_reader"] = runs["previous"][0]["probe_reader"]
+    if not args.collectives_only:
+        out["previous_probe_reader"] = runs["previous"][0]["probe_reader"]
     return out
 
 
@@ -439,7 +491,24 @@ def main() -> None:
                              f"{PREVIOUS_PROBE[:12]}, main before the bulk probe) against "
                              f"this tree's, alternating subprocesses")
     parser.add_argument("--against-rounds", type=int, default=3)
+    parser.add_argument("--collectives-only", action="store_true",
+                        help="only the cost per collective (with --against: against REV's)")
+    parser.add_argument("--collective-parts", action="store_true",
+                        help="with --collectives-only: also the wrappers' cost alone")
+    parser.add_argument("--collective-pairs", type=int, default=100)
+    parser.add_argument("--collective-calls", type=int, default=200)
     args = parser.parse_args()
+    if args.collectives_only:
+        result = collective_cost(args.collective_pairs, args.collective_calls)
+        if args.collective_parts:
+            wrappers = collective_cost(args.collective_pairs, args.collective_calls, False)
+            result.update({key.replace("_overhead_", "_wrappers_"): value
+                           for key, value in wrappers.items() if "_overhead_" in key})
+            result["collective_recording_hot_cpu_us"] = recording_cost()
+        if args.against:
+            result["against"] = against(args.against, args)
+        report(result, args.json)
+        return
     probe = probe_cost(args.probe_pairs, args.probe_steps, args.buckets, args.mark_us,
                        args.query_us, args.elapsed_us)
     if args.probe_only:
@@ -478,7 +547,8 @@ def main() -> None:
               "self_pct_of_step": health.cpu_seconds / on_s * 100,
               "rss_warm_mb": rss_warm, "rss_end_mb": rss_end,
               "rss_growth_mb": rss_end - rss_warm, "records_shipped": health.records_shipped,
-              "dropped": dict(health.dropped), **probe, **collective_cost(args.pairs)}
+              "dropped": dict(health.dropped), **probe,
+              **collective_cost(args.collective_pairs, args.collective_calls)}
     report(result, args.json)
 
 

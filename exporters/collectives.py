@@ -359,14 +359,15 @@ def _patch_process_group(state: Collectives) -> None:
                                                         method in POINT_TO_POINT))
     wait = Work.wait
     tracer, works = state.tracer, state.works
+    end, mark = tracer.end_collective, tracer.mark_now
 
     def timed_wait(work, *args, **kwargs):
         token = works.pop(id(work), None) if works else None
         if token is None:
             return wait(work, *args, **kwargs)
-        waited_from = tracer.wait_mark(token)
+        waited_from = mark()  # on the current stream, as the collective was issued
         result = wait(work, *args, **kwargs)
-        tracer.end_collective(token, waited_from)
+        end(token, waited_from)
         return result
 
     timed_wait._argus = True  # type: ignore[attr-defined]
@@ -380,8 +381,11 @@ def _compiling(torch: Any) -> Callable[[], bool]:
     compile session; an older one (2.4) only inside the code dynamo traces, so the operators
     that dynamo's fake-tensor propagation and AOT autograd call also look for the tracing
     context they run in."""
-    is_compiling = torch.compiler.is_compiling
-    if hasattr(torch.compiler, "_compile_session_context"):
+    compiler = torch.compiler
+    is_compiling = compiler.is_compiling
+    if hasattr(compiler, "_compile_session_context"):
+        if isinstance(getattr(compiler, "_is_compiling_flag", None), bool):
+            return lambda: compiler._is_compiling_flag  # what it returns, one frame less
         return is_compiling
     try:
         from torch._guards import TracingContext
@@ -396,8 +400,8 @@ def _timed_method(state: Collectives, original: Any, op: str,
     import torch
 
     compiling = _compiling(torch)
-    tracer, works = state.tracer, state.works
-    begin = tracer.begin_phase
+    tracer, works, cached = state.tracer, state.works, state._names
+    begin, end = tracer.begin_collective, tracer.end_collective
 
     def timed(group, *args, **kwargs):
         if state.muted or compiling():
@@ -408,11 +412,13 @@ def _timed_method(state: Collectives, original: Any, op: str,
             peer = state.peer(group, group_rank)
         else:
             peer = NO_PEER
-        token = begin(state.names(group)[op], None, False, True, peer)  # a collective
+        entry = cached.get(id(group))  # ``state.names(group)``, its cache read here
+        names = entry[1] if entry is not None and entry[0]() is group else state.names(group)
+        token = begin(names[op], peer)
         work = original(group, *args, **kwargs)
         if token is not None:
             if work is None:
-                tracer.end_collective(token, None)
+                end(token, None)
             elif len(works) < MAX_PENDING:
                 works[id(work)] = token
             else:
@@ -450,15 +456,16 @@ def _patch_functional(state: Collectives) -> None:
 
 def _timed_wait_tensor(state: Collectives, wait_tensor: Any) -> Any:
     """``wait_tensor`` that ends the collective whose result it waits for, if one is timed."""
-    tracer, tensors = state.tracer, state.tensors
+    tensors = state.tensors
+    end, mark = state.tracer.end_collective, state.tracer.mark_now
 
     def timed_wait_tensor(tensor, *args, **kwargs):
         token = tensors.pop(_storage(tensor), None) if tensors else None
         if token is None:
             return wait_tensor(tensor, *args, **kwargs)
-        waited_from = tracer.wait_mark(token)
+        waited_from = mark()  # on the current stream, as the collective was issued
         result = wait_tensor(tensor, *args, **kwargs)
-        tracer.end_collective(token, waited_from)
+        end(token, waited_from)
         return result
 
     timed_wait_tensor._argus = True  # type: ignore[attr-defined]
@@ -472,19 +479,21 @@ def _timed_operator(state: Collectives, original: Any, op: str) -> Any:
     import torch
 
     compiling = _compiling(torch)
-    tracer, tensors, tensor_type = state.tracer, state.tensors, torch.Tensor
-    begin, named = tracer.begin_phase, state.named
+    tensors, tensor_type, labelled = state.tensors, torch.Tensor, state._labelled
+    begin, end, named = state.tracer.begin_collective, state.tracer.end_collective, state.named
 
     def timed(*args, **kwargs):
-        if compiling() or state.muted:
+        if state.muted or compiling():
             return original(*args, **kwargs)
         label = kwargs["group_name"] if "group_name" in kwargs else args[-1] if args else None
-        token = begin(named(label)[op], None, False, True)  # a collective
+        entry = labelled.get(label)  # ``state.named(label)``, its cache read here
+        token = begin((entry[1] if entry is not None and entry[0]() is not None
+                       else named(label))[op])
         result = original(*args, **kwargs)
         if token is not None:
             last = result if type(result) is not list or not result else result[-1]
             if not isinstance(last, tensor_type):
-                tracer.end_collective(token, None)
+                end(token, None)
             elif len(tensors) < MAX_PENDING:
                 tensors[_storage(last)] = token
             else:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import os
 import threading
@@ -34,7 +35,7 @@ from time import perf_counter_ns, thread_time
 from typing import Any
 
 from argus_exporters import placement
-from argus_exporters.clock import Clock, default_clock
+from argus_exporters.clock import Clock, HostClock, default_clock
 from argus_exporters.config import Settings
 from argus_exporters.health import Health
 from argus_exporters.identity import RankIdentity
@@ -123,6 +124,12 @@ class NoOpTracer:
         """Nothing."""
 
     def end_phase(self, token: Any, stream: Any = None) -> None:
+        """Nothing."""
+
+    def begin_collective(self, name: str, peer: int = -1, stream: Any = None) -> None:
+        """Nothing."""
+
+    def end_collective(self, token: Any, waited_from: Any = None) -> None:
         """Nothing."""
 
     @contextlib.contextmanager
@@ -226,6 +233,12 @@ class Tracer:
         self._device = bool(self.clock.device)
         # the clock's methods the hot path calls, bound once
         self._mark = self.clock.mark
+        # a mark now on the current stream: on the host clock perf_counter_ns itself, no
+        # Python frame (the collective hooks take three a collective)
+        self.mark_now: Callable[[], Any] = (
+            perf_counter_ns if type(self.clock).mark is HostClock.mark
+            else functools.partial(self.clock.mark, None))
+        self._one_stream = type(self.clock).stream_key is HostClock.stream_key
         self._stream_key = self.clock.stream_key
         self._stream = self.clock.current_stream
         # consecutive marks on one stream (a phase's end, the next phase's start) share one
@@ -291,12 +304,12 @@ class Tracer:
         A phase begun several times in a step adds up its intervals; with ``span`` (parts
         that overlap, like a DDP step's gradient buckets, each queued behind the previous
         one) it lasts from the first part's start to the last part's end instead. A
-        ``collective`` (ended with ``end_collective``) lasts the union of its intervals;
-        a point-to-point one names its ``peer`` (global rank), and the step record also holds
-        its time, message count and shortest message per peer. On a device clock a start
-        right after a phase's end on the same stream shares its event: work issued between
-        two phases counts in the later one.
+        ``collective`` (``begin_collective``) lasts the union of its intervals. On a device
+        clock a start right after a phase's end on the same stream shares its event: work
+        issued between two phases counts in the later one.
         """
+        if collective:
+            return self.begin_collective(name, peer, stream)
         if self._off:  # closed, or a forked worker: never trace there
             return None
         sampled = self._sampled
@@ -312,26 +325,8 @@ class Tracer:
             elif base >= MAX_CELLS:
                 token = (step.index << SLOT_BITS) | FULL
             else:
-                device = self._device
-                where = self._stream() if stream is None and device else stream
-                key = self._stream_key(where)
-                marks = step.marks
-                if not marks:
-                    self._open(step)
-                # the stream's newest mark: a phase's end (negative) is this start's too
-                previous = step.last.get(key, 0) if self._share else 0
-                if previous < 0:
-                    start = -previous - 1
-                else:
-                    start = len(marks)
-                    marks.append(self._mark(where))
-                if device:
-                    step.last[key] = start
-                if collective:
-                    cells.extend((name, start, NO_MARK, COLLECTIVE, NO_MARK, key, stream,
-                                  peer))
-                    step.collectives += 1
-                elif span:
+                start, key = self._start_mark(step, stream)
+                if span:
                     cells.extend((name, start, NO_MARK, SPAN, NO_MARK, key, stream, NO_PEER))
                     step.spans[name] = base
                 else:
@@ -342,6 +337,65 @@ class Tracer:
         if sampled:
             self._cpu += thread_time() - cpu0
         return token
+
+    def begin_collective(self, name: str, peer: int = NO_PEER,
+                         stream: Any = None) -> PhaseToken | None:
+        """Mark the issue of collective ``name`` on ``stream`` (None: the current one); end it
+        with ``end_collective``. A collective's phase lasts the union of its intervals in the
+        step; a point-to-point one names its ``peer`` (global rank), and the step record also
+        holds its time, message count and shortest message per peer. The collective hooks'
+        hot path: one lock, one mark, one extend."""
+        if self._off:
+            return None
+        sampled = self._sampled
+        cpu0 = thread_time() if sampled else 0.0
+        lock = self._lock
+        lock.acquire()
+        try:
+            step = self._current
+            cells = step.cells
+            base = len(cells)
+            if base >= MAX_CELLS:
+                token = (step.index << SLOT_BITS) | FULL
+            else:
+                if self._device:
+                    start, key = self._start_mark(step, stream)
+                else:  # a host clock: no mark to share
+                    marks = step.marks
+                    if not marks:
+                        self._open(step)
+                    start = len(marks)
+                    key = 0 if self._one_stream else self._stream_key(stream)
+                    marks.append(self.mark_now())
+                cells.extend((name, start, NO_MARK, COLLECTIVE, NO_MARK, key, stream, peer))
+                step.collectives += 1
+                token = (step.index << SLOT_BITS) | base
+        finally:
+            lock.release()
+        if sampled:
+            self._cpu += thread_time() - cpu0
+        return token
+
+    def _start_mark(self, step: _Step, stream: Any) -> tuple[int, int]:
+        """The index in ``step.marks`` of a phase's start on ``stream`` (a new mark, or the
+        end of the stream's previous phase on a device clock that shares them) and the
+        stream's key. Under the tracer's lock."""
+        device = self._device
+        where = self._stream() if stream is None and device else stream
+        key = self._stream_key(where)
+        marks = step.marks
+        if not marks:
+            self._open(step)
+        # the stream's newest mark: a phase's end (negative) is this start's too
+        previous = step.last.get(key, 0) if self._share else 0
+        if previous < 0:
+            start = -previous - 1
+        else:
+            start = len(marks)
+            marks.append(self._mark(where))
+        if device:
+            step.last[key] = start
+        return start, key
 
     def _open(self, step: _Step) -> None:
         """Host times of a step's first mark (taken next, as ``marks[0]``)."""
@@ -401,10 +455,11 @@ class Tracer:
         return self.clock.mark(stream)
 
     def end_collective(self, token: PhaseToken | None, waited_from: Any = None) -> None:
-        """End a collective begun with ``begin_phase(name, collective=True)``: now, on the
-        stream it was issued on. ``waited_from`` is the mark where the rank began to wait
-        for it (``wait_mark``; None: it was waited for from its start, a synchronous call);
-        that part is taken out of every other phase it fell inside on the same stream."""
+        """End a collective begun with ``begin_collective``: now, on the stream it was issued
+        on. ``waited_from`` is the mark where the rank began to wait for it (``wait_mark``,
+        or ``mark_now`` for one issued on the current stream; None: it was waited for from its
+        start, a synchronous call); that part is taken out of every other phase it fell inside
+        on the same stream."""
         if token is None or self._off:
             if waited_from is not None:
                 self.clock.release(waited_from)
@@ -418,7 +473,8 @@ class Tracer:
             if not late and base != FULL:
                 marks, cells = step.marks, step.cells
                 end = cells[base + END] = len(marks)
-                marks.append(self._mark(cells[base + ARG]))
+                marks.append(self._mark(cells[base + ARG]) if self._device
+                             else self.mark_now())
                 if waited_from is not None:
                     cells[base + WAITED] = len(marks)
                     marks.append(waited_from)

@@ -93,15 +93,19 @@ def test_a_synchronous_collective_inside_forward_is_taken_out_of_it(tmp_path):
     assert _one_step(tmp_path, script) == {"forward": 7.0, "dp-allgather": 3.0}
 
 
-def test_an_async_collective_costs_forward_only_its_wait(tmp_path):
+@pytest.mark.parametrize("wait_mark", ["clock", "mark_now", "wait_mark"])
+def test_an_async_collective_costs_forward_only_its_wait(tmp_path, wait_mark):
     """Issued at 2 ms, computed over until 6, waited for until 8: forward loses the 2 ms
-    wait, the collective lasts from issue to the end of its wait."""
+    wait, the collective lasts from issue to the end of its wait; the wait's mark taken
+    with the clock, with the tracer's ``mark_now`` (the hooks': it follows a clock that is
+    not the plain host clock) or with ``wait_mark``."""
     def script(tracer, clock):
         forward = tracer.begin_phase("forward")
         _at(clock, 2)
-        gather = tracer.begin_phase("dp-allgather", collective=True)
+        gather = tracer.begin_collective("dp-allgather")
         _at(clock, 6)
-        waited_from = clock.mark()
+        waited_from = {"clock": clock.mark, "mark_now": tracer.mark_now,
+                       "wait_mark": lambda: tracer.wait_mark(gather)}[wait_mark]()
         _at(clock, 8)
         tracer.end_collective(gather, waited_from)
         _at(clock, 10)
