@@ -95,8 +95,8 @@ PARALLEL_RANKS = {"ddp": 2, "fsdp1": 2, "fsdp2": 2, "tp": 2, "moe": 2,
 
 def _parallel_cases() -> list[Case]:
     """Every parallelism (``tests/scripts/parallel_train.py``) healthy, with a late rank (a
-    host sleep before each forward) and a slow one (extra compute in forward), one-line; the
-    slow ones also zero-code; each of the three also compiled. Rank 1 is the faulty one,
+    host sleep before each forward) and a slow one (extra compute in forward), one-line and
+    zero-code; each of the three also compiled. Rank 1 is the faulty one,
     from step 10 on, 20 ms a step; the model is 256 wide (steps of ~4-10 ms on a shared core)."""
     cases = []
     for parallel, ranks in PARALLEL_RANKS.items():
@@ -110,6 +110,8 @@ def _parallel_cases() -> list[Case]:
                   Case(f"{parallel}-slow-{ranks}", ranks, slow, {1: "compute"},
                        script=PARALLEL_SCRIPT),
                   Case(f"{parallel}-slow-{ranks}-zero-code", ranks, slow, {1: "compute"},
+                       zero_code=True, script=PARALLEL_SCRIPT),
+                  Case(f"{parallel}-late-{ranks}-zero-code", ranks, late, {1: "host"},
                        zero_code=True, script=PARALLEL_SCRIPT)]
         # compiled (torch.compile, eager backend): instrumented then compiled, and the
         # compiled model instrumented

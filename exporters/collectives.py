@@ -129,6 +129,16 @@ class Collectives:
         self.patched: list[tuple[Any, str, Any]] = []  # (owner, attribute, its own value or
         # _INHERITED)
 
+    def compiling(self) -> bool:
+        """Whether torch.compile is tracing or compiling now (``_compiling``). The check is
+        found at the first collective, when torch is whole: ``argus run`` installs the hooks
+        while torch itself is importing, before ``torch.compiler`` exists. From then on this
+        attribute is the check itself."""
+        import torch
+
+        self.compiling = check = _compiling(torch)  # type: ignore[method-assign]
+        return check()
+
     def patch(self, owner: Any, attribute: str, replacement: Any) -> None:
         """Replace ``owner.attribute``, remembering the original for ``uninstall`` (the raw
         class attribute: a pybind method read with getattr would not bind again)."""
@@ -397,14 +407,11 @@ def _compiling(torch: Any) -> Callable[[], bool]:
 
 def _timed_method(state: Collectives, original: Any, op: str,
                   point_to_point: bool = False) -> Any:
-    import torch
-
-    compiling = _compiling(torch)
     tracer, works, cached = state.tracer, state.works, state._names
     begin, end = tracer.begin_collective, tracer.end_collective
 
     def timed(group, *args, **kwargs):
-        if state.muted or compiling():
+        if state.muted or state.compiling():
             return original(group, *args, **kwargs)
         if point_to_point:
             group_rank = args[1] if len(args) > 1 else kwargs.get(
@@ -478,12 +485,11 @@ def _timed_operator(state: Collectives, original: Any, op: str) -> Any:
     argument (the last positional one)."""
     import torch
 
-    compiling = _compiling(torch)
     tensors, tensor_type, labelled = state.tensors, torch.Tensor, state._labelled
     begin, end, named = state.tracer.begin_collective, state.tracer.end_collective, state.named
 
     def timed(*args, **kwargs):
-        if state.muted or compiling():
+        if state.muted or state.compiling():
             return original(*args, **kwargs)
         label = kwargs["group_name"] if "group_name" in kwargs else args[-1] if args else None
         entry = labelled.get(label)  # ``state.named(label)``, its cache read here

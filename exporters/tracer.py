@@ -455,11 +455,11 @@ class Tracer:
         return self.clock.mark(stream)
 
     def end_collective(self, token: PhaseToken | None, waited_from: Any = None) -> None:
-        """End a collective begun with ``begin_collective``: now, on the stream it was issued
-        on. ``waited_from`` is the mark where the rank began to wait for it (``wait_mark``,
-        or ``mark_now`` for one issued on the current stream; None: it was waited for from its
-        start, a synchronous call); that part is taken out of every other phase it fell inside
-        on the same stream."""
+        """End a collective begun with ``begin_collective``: now, on the stream its begin was
+        given (None: the current one, where a wait takes effect). ``waited_from`` is the mark
+        where the rank began to wait for it (``wait_mark``, or ``mark_now`` for one issued on
+        the current stream; None: it was waited for from its start, a synchronous call); that
+        part is taken out of every other phase it fell inside on the same stream."""
         if token is None or self._off:
             if waited_from is not None:
                 self.clock.release(waited_from)

@@ -324,6 +324,42 @@ def test_a_mesh_built_before_instrument_is_learned_quietly(tmp_path):
     assert all("tp-allreduce" in names for names in steps), steps
 
 
+ZERO_CODE = textwrap.dedent("""
+    import sys, torch, torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        x = torch.ones(4)
+        model(x).sum().backward()
+        dist.all_reduce(x, group=mesh.get_group(0))
+        optimizer.step()
+    dist.destroy_process_group()
+""")  # no line of Argus: ``argus run`` hooks in while torch imports
+
+
+def test_argus_run_times_collectives_from_the_first_step_and_says_nothing(tmp_path):
+    """``argus run`` installs the collective hooks from inside torch's own import (when its
+    device mesh module loads, before ``torch.compiler`` exists): they install quietly and
+    time the job's collectives from its first step."""
+    script = tmp_path / "zero_code.py"
+    script.write_text(ZERO_CODE)
+    spool = tmp_path / "spool"
+    bin_dir = Path(sys.executable).parent
+    proc = subprocess.run(
+        [str(bin_dir / "argus"), "run", "--sink", f"file://{spool}", "--job", "zero", "--",
+         str(bin_dir / "torchrun"), "--nproc-per-node", "1", "--master-port",
+         str(free_port()), str(script)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+        timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "argus: could not" not in proc.stderr, proc.stderr
+    steps = _names_by_step(load_traces([spool]).traces["zero"])
+    assert len(steps) == 3 and all("tp-allreduce" in names for names in steps), steps
+
+
 def test_off_patches_nothing(tmp_path):
     """``ARGUS_COLLECTIVES=0``: no collective phase, DDP-less jobs keep only their phases."""
     _, trace = _run_one_rank(tmp_path, {"ARGUS_COLLECTIVES": "0"})
@@ -429,6 +465,10 @@ def test_every_parallelism_gets_exactly_its_verdict(case, tmp_path):
                    case.env["ARGUS_TEST_PARALLEL"], lambda r: (r, 0, 0, 0))
     assert {r: info.coords for r, info in trace.ranks.items()} == {
         r: learned(r) for r in range(case.ranks)}  # from the meshes' named dimensions
+    axis = {"tp": "tp", "moe": "ep", "pp": "pp", "pp4": "pp"}.get(
+        case.env["ARGUS_TEST_PARALLEL"], "dp")
+    timed = {name for name in trace.steps.phase_names if name.startswith(f"{axis}-")}
+    assert timed, f"no {axis} collective timed: {trace.steps.phase_names}"  # one-line or not
     if case.env["ARGUS_TEST_PARALLEL"].startswith("pp"):  # sends and recvs name their peers
         _assert_pipeline_peers(spool, case)
 
