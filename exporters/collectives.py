@@ -375,7 +375,7 @@ def _patch_process_group(state: Collectives) -> None:
         token = works.pop(id(work), None) if works else None
         if token is None:
             return wait(work, *args, **kwargs)
-        waited_from = mark()  # on the current stream, as the collective was issued
+        waited_from = mark()  # now, on the current stream
         result = wait(work, *args, **kwargs)
         end(token, waited_from)
         return result
@@ -470,7 +470,7 @@ def _timed_wait_tensor(state: Collectives, wait_tensor: Any) -> Any:
         token = tensors.pop(_storage(tensor), None) if tensors else None
         if token is None:
             return wait_tensor(tensor, *args, **kwargs)
-        waited_from = mark()  # on the current stream, as the collective was issued
+        waited_from = mark()  # now, on the current stream
         result = wait_tensor(tensor, *args, **kwargs)
         end(token, waited_from)
         return result
