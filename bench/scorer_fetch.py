@@ -10,7 +10,11 @@ kernel, executions, p50 and p99) and every rank's ``argus_rank_info`` (tp=4, ep=
 imported at two timestamps 15 s apart, as two scrapes would leave them. Then, for one peer set
 (pp=0, a fifth of the ranks): the baseline query, the scorer's query, and each's series;
 and the scorer's whole fetch (``fetch_summaries``: every peer set, decoded into the table the
-core scores) and one shard's of five (``--split peer-set``).
+core scores) and one shard's of five (``--split peer-set``); each also read through
+victoria-metrics' export (``--read export``: ``/api/v1/export/csv``, decoded as it streams),
+against the query in the same run, and checked to give the same summaries. Last, whole
+scorer rounds (list, fetch, decode, judge) with each ``--read``, by one scorer and by one
+shard of five.
 """
 
 from __future__ import annotations
@@ -23,11 +27,13 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 from _report import report
-from rules_scale import kernel_exposition, topology_for
+from rules_scale import kernel_exposition, slow_rank, topology_for
 
 from argus_core.schema import AXES
 from argus_core.score.prometheus import PrometheusAPI
+from argus_core.score.service import READS, SPLIT_PEER_SETS, ScoreConfig, Scorer
 from argus_core.score.snapshot import (
     SUMMARY_INTS,
     SUMMARY_TEXTS,
@@ -38,8 +44,10 @@ from argus_core.score.snapshot import (
 from argus_core.stack import engines
 from argus_core.stack.processes import free_port, start, wait_ready
 from argus_core.stack.stack import binary
+from argus_core.summaries import KernelSummary
 
 JOB = "bench"
+LOOKBACK_S = 3600.0  # the export's range: both imported samples of every series
 
 
 def rank_info(ranks: int) -> bytes:
@@ -66,6 +74,38 @@ def load(url: str, parts: list[bytes], now: int) -> float:
     return time.perf_counter() - t0
 
 
+def same_rows(a: KernelSummary, b: KernelSummary) -> bool:
+    """Whether two summaries hold the same rows (kernels by name; in any order)."""
+    def rows(s: KernelSummary) -> np.ndarray:
+        names = np.array(s.names, dtype=object)[s.kernel] if len(s.kernel) else []
+        table = np.rec.fromarrays([s.rank, np.asarray(names, dtype=str), s.stream, s.cluster,
+                                   s.count, s.p50_ns, s.p99_ns])
+        return np.sort(table)
+    return len(a.rank) == len(b.rank) and bool((rows(a) == rows(b)).all())
+
+
+def scorer_rounds(url: str, ranks: int) -> dict:
+    """One whole scorer round (``Scorer.run_round``: list, fetch, decode, judge) of the job
+    by one scorer and by shard 0 of five (``--split peer-set``), with each ``--read``; the
+    store holds kernel summaries and ``argus_rank_info`` only (no exporter series: L3)."""
+    out = {}
+    for read in READS:
+        for shards in (1, 5):
+            scorer = Scorer(ScoreConfig(prometheus=url, read=read, lookback_s=LOOKBACK_S,
+                                        split=SPLIT_PEER_SETS, shards=shards, timeout_s=600,
+                                        max_answer_bytes=4 << 30))
+            ok = scorer.run_round()
+            judgement = scorer.published.judgements.get(JOB)
+            verdicts = [] if judgement is None else judgement.verdicts
+            name = f"{read}_{'one_scorer' if shards == 1 else 'shard_of_5'}"
+            out[f"{name}_round_seconds"] = scorer.published.round_seconds if ok else None
+            out[f"{name}_verdicts"] = [f"{rank}:{cause}" for rank, cause in verdicts]
+    out["slow_rank"] = slow_rank(ranks)
+    out["round_export_ratio_to_query"] = (out["export_one_scorer_round_seconds"]
+                                          / out["query_one_scorer_round_seconds"])
+    return out
+
+
 def timed(call) -> tuple[object, float]:
     t0 = time.perf_counter()
     out = call()
@@ -84,7 +124,10 @@ def main() -> None:
     process = start("victoria-metrics", [
         binary("victoria-metrics"), f"-httpListenAddr={address}",
         f"-storageDataPath={workdir / 'data'}", "-retentionPeriod=1d",
-        "-search.latencyOffset=1s", f"-search.maxUniqueTimeseries={engines.MAX_QUERY_SERIES}"],
+        "-search.latencyOffset=1s", f"-search.maxUniqueTimeseries={engines.MAX_QUERY_SERIES}",
+        # the imported samples stay the latest for the whole run (minutes at 6 M series),
+        # as a live store's are refreshed every scrape
+        "-search.maxStalenessInterval=1h"],
         workdir / "logs")
     try:
         wait_ready(process, url + "/health", timeout=120)
@@ -110,13 +153,26 @@ def main() -> None:
                                           SUMMARY_INTS, SUMMARY_TEXTS)
             return len(executions) + len(durations)
 
+        def exported(selector: str) -> int:
+            executions = api.export_columns(f"argus_kernel_executions{{{selector}}}",
+                                            LOOKBACK_S, SUMMARY_INTS, ("kernel",))
+            durations = api.export_columns(f"argus_kernel_duration_seconds{{{selector}}}",
+                                           LOOKBACK_S, SUMMARY_INTS, SUMMARY_TEXTS)
+            return len(executions) + len(durations)
+
         joined_n, joined_s = timed(lambda: peer_set(match, join))
         ranked_n, ranked_s = timed(lambda: peer_set(by_ranks, ""))
+        export_n, export_s = timed(lambda: exported(by_ranks))
         window_ns = 60 * 10**9
-        (whole, _, _), whole_s = timed(lambda: fetch_summaries(api, match, coords, "pp",
-                                                               window_ns))
-        (shard, _, _), shard_s = timed(lambda: fetch_summaries(
-            api, match, coords, "pp", window_ns, owns=lambda p: p % 5 == 0))
+        fetches = {}
+        for read, lookback in (("query", None), ("export", LOOKBACK_S)):
+            fetches[read] = [timed(lambda lookback=lookback, owns=owns: fetch_summaries(
+                api, match, coords, "pp", window_ns, owns, export_lookback_s=lookback))
+                for owns in (None, lambda p: p % 5 == 0)]
+        (whole, _, _), whole_s = fetches["query"][0]
+        (shard, _, _), shard_s = fetches["query"][1]
+        (whole_e, _, _), whole_export_s = fetches["export"][0]
+        (shard_e, _, _), shard_export_s = fetches["export"][1]
         result = {
             "ranks": args.ranks, "kernels": args.kernels, "import_seconds": load_s,
             "peer_set_series": ranked_n,
@@ -125,8 +181,20 @@ def main() -> None:
             "peer_set_fetch_ratio_to_baseline": ranked_s / joined_s,
             "peer_sets_agree": joined_n == ranked_n,
             "job_fetch_seconds": whole_s, "job_summary_rows": len(whole.rank),
+            # every cluster of every rank fetched (2 clusters a kernel), a fifth by the shard
+            "complete": (len(whole.rank) == args.ranks * args.kernels * 2
+                         and len(shard.rank) == args.ranks // 5 * args.kernels * 2),
             "job_series_per_second": 3 * len(whole.rank) / whole_s,
             "shard_of_5_fetch_seconds": shard_s, "shard_summary_rows": len(shard.rank),
+            "peer_set_export_seconds": export_s,
+            "peer_set_export_ratio_to_query": export_s / ranked_s,
+            "peer_set_export_agrees": export_n == ranked_n,
+            "job_export_seconds": whole_export_s,
+            "job_export_ratio_to_query": whole_export_s / whole_s,
+            "shard_of_5_export_seconds": shard_export_s,
+            "shard_of_5_export_ratio_to_query": shard_export_s / shard_s,
+            "exported_summaries_agree": same_rows(whole, whole_e) and same_rows(shard, shard_e),
+            **scorer_rounds(url, args.ranks),
         }
     finally:
         process.stop(60)

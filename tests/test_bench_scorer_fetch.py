@@ -1,6 +1,7 @@
 """``bench/scorer_fetch.py`` on a small job: the scorer's peer-set selection by ranks reads the
-same series as the join it replaces, from a real victoria-metrics, and the whole job's fetch
-decodes every rank's summaries."""
+same series as the join it replaces, from a real victoria-metrics, the whole job's fetch
+decodes every rank's summaries, the export (``--read export``) gives the same summaries as
+the query, and whole scorer rounds either way find the slow rank."""
 
 from __future__ import annotations
 
@@ -17,7 +18,11 @@ def test_the_fetch_benchmark_reads_every_summary_and_agrees_with_the_join():
                            "--json"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["peer_sets_agree"]
+    assert result["peer_sets_agree"] and result["complete"]
+    assert result["peer_set_export_agrees"] and result["exported_summaries_agree"]
+    for read in ("query", "export"):  # the slow rank found by whole rounds either way
+        assert result[f"{read}_one_scorer_verdicts"] == [f"{result['slow_rank']}:compute"]
+        assert result[f"{read}_shard_of_5_round_seconds"] is not None
     assert result["peer_set_series"] == 80 // 5 * 3 * 2 * 3  # ranks x kernels x clusters x 3
     assert result["job_summary_rows"] == 80 * 3 * 2
     assert result["shard_summary_rows"] == 80 // 5 * 3 * 2

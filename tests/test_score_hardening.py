@@ -421,6 +421,8 @@ def test_a_100_mb_answer_is_refused_at_the_bound_and_memory_stays_flat(
     (["--max-answer-mb", "0"], "--max-answer-mb 0: expected a whole number of MiB >= 1"),
     (["--timeout", "0"], "--timeout 0.0: expected a finite number of seconds > 0"),
     (["--timeout", "inf"], "--timeout inf: expected a finite number of seconds > 0"),
+    (["--read", "export", "--lookback", "-5"],
+     "--lookback -5.0: expected a finite number of seconds > 0"),
 ])
 def test_cli_refuses_bad_bounds_naming_the_flag(argv, message, capsys):
     assert main(["score", "--prometheus", "http://127.0.0.1:9090", *argv]) == 2

@@ -218,6 +218,16 @@ def test_link_degradation_flags_the_degraded_ranks_only(stack):
     assert all(re.search("AllGather|ReduceScatter", k) for k in kernels), kernels
 
 
+def test_the_scorer_reads_the_summaries_the_engines_fastest_way(stack):
+    """On victoria-metrics the scorer exports the kernel summaries (``--read export``), on
+    Prometheus it queries them; either way it scored the degraded link's ranks (the test
+    above) and publishes its kernel scores."""
+    (info,) = query(stack, "argus_scorer_shard_info")
+    want = "query" if stack.info["engine"] == engines.PROMETHEUS else "export"
+    assert info["metric"]["read"] == want
+    assert query(stack, 'argus_kernel_w1_score{job="link-degradation",rank="5"}')
+
+
 def test_host_stalls_name_the_stalled_rank(stack):
     try:
         wait_for(stack, "ArgusHostStall", is_alert("ArgusHostStall", "jit-stall"), timeout=90)

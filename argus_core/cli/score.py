@@ -46,6 +46,16 @@ def register(commands) -> None:
                    help="longest answer read from Prometheus per query; a longer one fails "
                         f"its job (default {DEFAULT_MAX_ANSWER_BYTES >> 20}: a peer set of "
                         "2,000 ranks x 100 kernels is about 170 MB)")
+    p.add_argument("--read", default="query", choices=["query", "export"],
+                   help="how the kernel summaries are read: query, instant queries through "
+                        "the Prometheus API any engine serves (default); export, "
+                        "victoria-metrics' /api/v1/export/csv, decoded as it streams: "
+                        "0.3x the fetch time at 10,000 ranks x 100 kernels "
+                        "(docs/BENCHMARKS.md)")
+    p.add_argument("--lookback", type=float, default=30.0, metavar="S",
+                   help="with --read export: a series' last sample within this many seconds "
+                        "counts (default 30; at least two scrape intervals of the "
+                        "processors)")
     p.add_argument("--config", metavar="FILE",
                    help="the rules' config (argus.yml's keys): the scorer takes the settings "
                         "it shares with the rules from it: l2_source (which L2 findings to "
@@ -80,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
                              shard=int(index), shards=int(count), split=args.split,
                              peer_axis=args.peer_axis,
                              window_s=args.window, timeout_s=args.timeout,
-                             max_answer_bytes=args.max_answer_mb << 20, **shared)
+                             max_answer_bytes=args.max_answer_mb << 20, read=args.read,
+                             lookback_s=args.lookback, **shared)
         from argus_core.score.prometheus import PrometheusAPI
 
         PrometheusAPI(config.prometheus, timeout_s=config.timeout_s)  # validates the URL

@@ -1,6 +1,7 @@
-"""A small client for Prometheus's HTTP query API: instant queries, each attempt bounded in
-time and in size, retried with backoff, every failure raised as ``QueryError`` naming the
-query and the cause, with a ``reason`` (the label the scorer counts it under).
+"""A small client for Prometheus's HTTP query API: instant queries (and, on
+victoria-metrics, series exported as CSV: ``export_columns``), each attempt bounded in time
+and in size, retried with backoff, every failure raised as ``QueryError`` naming the query and
+the cause, with a ``reason`` (the label the scorer counts it under).
 
 Bounded whatever the server does:
 
@@ -12,8 +13,9 @@ Bounded whatever the server does:
 
 Answers are checked before use: a successful vector whose ``result`` is a list of series, each
 ``{"metric": {<name>: <text>, ...}, "value": [<time>, "<number>"]}``; anything else is
-``BAD_ANSWER`` and not fetched again. NaN and +-Inf samples are left out (the series reads as
-not reported) and counted in ``nonfinite_samples``.
+``BAD_ANSWER`` and not fetched again; so is an export that is not the CSV asked for. NaN and
++-Inf samples are left out (the series reads as not reported) and counted in
+``nonfinite_samples``.
 """
 
 from __future__ import annotations
@@ -21,15 +23,18 @@ from __future__ import annotations
 import contextlib
 import http.client
 import math
+import queue
 import socket
 import threading
+import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import numpy as np
 import orjson
 
+from argus_core.score.csv_columns import CsvColumns, CsvError, export_format
 from argus_core.score.limits import DEFAULT_MAX_ANSWER_BYTES, DEFAULT_TIMEOUT_S
 from argus_core.score.vector_columns import (
     DecodeError,
@@ -39,6 +44,11 @@ from argus_core.score.vector_columns import (
 )
 
 T = TypeVar("T")
+A = TypeVar("A")  # what a streamed answer is read into
+
+QUERY_PATH = "/api/v1/query"
+EXPORT_PATH = "/api/v1/export/csv"  # victoria-metrics'
+EXPORT_BLOCK_BYTES = 4 << 20  # of an export, read and decoded at a time
 
 ERROR_TEXT_BYTES = 4096  # of a refusal's answer, read for its message
 
@@ -106,7 +116,7 @@ class PrometheusAPI:
         self._https = parsed.scheme == "https"
         self._host = parsed.hostname
         self._port = port
-        self._path = parsed.path.rstrip("/") + "/api/v1/query"
+        self._prefix = parsed.path.rstrip("/")
         self.timeout_s = timeout_s
         self.attempts = attempts
         self.backoff_s = backoff_s
@@ -148,12 +158,59 @@ class PrometheusAPI:
         except DecodeError as exc:  # the answer holds what the scorer cannot read: no retry
             raise QueryError(f"{shown(expr)}: {exc}", BAD_LABELS) from None
         self.decode_fallbacks += fell_back
+        return self._kept(columns, finite_only)
+
+    def _kept(self, columns: VectorColumns, finite_only: bool) -> VectorColumns:
+        """The columns without non-finite samples (counted) with ``finite_only``; counted
+        as fetched."""
         finite = np.isfinite(columns.values)
         if finite_only and not finite.all():
             self.nonfinite_samples += int(len(finite) - finite.sum())
             columns = columns.take(np.flatnonzero(finite))
         self.series_fetched += len(columns)
         return columns
+
+    def export_columns(self, selector: str, lookback_s: float, ints: tuple[str, ...] = (),
+                       texts: tuple[str, ...] = (), finite_only: bool = True) -> VectorColumns:
+        """What ``query_columns(selector)`` gives, read through victoria-metrics'
+        ``/api/v1/export/csv`` instead: each series' last sample of the last ``lookback_s``
+        seconds, the series ordered by their labels. The answer is decoded a block at a time
+        as it arrives (``CsvColumns``), so the engine writes while the scorer decodes and
+        only a block of its bytes is held; ``max_answer_bytes`` bounds the whole. Not CSV of
+        the fields asked for: QueryError (``BAD_ANSWER``, naming the row)."""
+        params = {"match[]": selector, "format": export_format(ints, texts),
+                  "start": f"{time.time() - lookback_s:.3f}",
+                  # samples as stored, unsorted, duplicates kept: a third of the engine's
+                  # work (CsvColumns.latest sorts and keeps the last of each series)
+                  "reduce_mem_usage": "1"}
+
+        def stream(response: http.client.HTTPResponse) -> CsvColumns:
+            columns = CsvColumns(ints, texts)
+            left = self.max_answer_bytes
+            blocks = read_ahead(response.read1, EXPORT_BLOCK_BYTES)
+            with contextlib.closing(blocks):
+                for block in blocks:
+                    left -= len(block)
+                    if left < 0:
+                        raise QueryError(f"{shown(selector)}: the export is longer than the "
+                                         f"scorer's bound of {size_text(self.max_answer_bytes)}"
+                                         f" per answer (--max-answer-mb)", TOO_LARGE)
+                    columns.feed(block)
+            return columns
+
+        def read(columns: CsvColumns) -> VectorColumns:
+            return columns.latest()
+
+        try:
+            columns = self._retried(selector, read, EXPORT_PATH, params, stream)
+        except CsvError as exc:  # not what was asked for: the same next time
+            raise QueryError(f"{shown(selector)}: {exc}", BAD_ANSWER) from None
+        except QueryError as exc:
+            if exc.reason == HTTP_STATUS and ": HTTP 404: " in str(exc):
+                raise QueryError(f"{exc} (--read export needs victoria-metrics' {EXPORT_PATH}; "
+                                 f"other engines: --read query)", HTTP_STATUS) from None
+            raise
+        return self._kept(columns, finite_only)
 
     def close(self) -> None:
         """End the attempt in flight now and refuse every later query (shutting down); safe
@@ -163,13 +220,15 @@ class PrometheusAPI:
         if sock is not None:
             _shut(sock)
 
-    def _retried(self, expr: str, read: Callable[[bytes], T]) -> T:
-        """``read`` of the answer's bytes, fetching again with backoff when the fetch fails
-        in a way that may not last (``RETRIED``)."""
+    def _retried(self, expr: str, read: Callable[[A], T], path: str = QUERY_PATH,
+                 params: dict[str, str] | None = None,
+                 stream: Callable[[http.client.HTTPResponse], A] | None = None) -> T:
+        """``read`` of the answer (its bytes, or what ``stream`` made of it), fetching again
+        with backoff when the fetch fails in a way that may not last (``RETRIED``)."""
         delay = self.backoff_s
         for attempt in range(self.attempts):
             try:
-                return read(self._fetch(expr))
+                return read(self._fetch(expr, path, params, stream))
             except QueryError as exc:
                 self.failures += 1
                 if (exc.reason not in RETRIED or attempt == self.attempts - 1
@@ -179,13 +238,16 @@ class PrometheusAPI:
                 delay *= 2
         raise AssertionError("unreachable")
 
-    def _fetch(self, expr: str) -> bytes:
-        """One attempt: the answer's bytes, all within ``timeout_s`` and
-        ``max_answer_bytes``."""
+    def _fetch(self, expr: str, path: str = QUERY_PATH, params: dict[str, str] | None = None,
+               stream: Callable[[http.client.HTTPResponse], A] | None = None) -> bytes | A:
+        """One attempt: the answer's bytes (or what ``stream`` makes of a successful
+        answer as it reads it), all within ``timeout_s`` and ``max_answer_bytes``. Without
+        ``params``, the instant query ``expr``."""
         stopping = QueryError(f"{shown(expr)}: the scorer is stopping", STOPPED)
         if self._closing.is_set():
             raise stopping
-        body = urllib.parse.urlencode({"query": expr, "timeout": f"{self.timeout_s:g}s"})
+        body = urllib.parse.urlencode(params if params is not None else {
+            "query": expr, "timeout": f"{self.timeout_s:g}s"})
         cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
         conn = cls(self._host, self._port, timeout=self.timeout_s)
         expired = threading.Event()
@@ -206,13 +268,16 @@ class PrometheusAPI:
             self._in_flight = conn.sock
             if expired.is_set() or self._closing.is_set():  # during the connect
                 _shut(conn.sock)
-            conn.request("POST", self._path, body=body.encode(), headers={
+            conn.request("POST", self._prefix + path, body=body.encode(), headers={
                 "Content-Type": "application/x-www-form-urlencoded",
                 "Accept-Encoding": "identity"})
             response = conn.getresponse()
             ok = 200 <= response.status < 300
-            data = self._read(expr, response, self.max_answer_bytes if ok
-                              else ERROR_TEXT_BYTES, refuse_longer=ok)
+            if ok and stream is not None:
+                data = stream(response)
+            else:
+                data = self._read(expr, response, self.max_answer_bytes if ok
+                                  else ERROR_TEXT_BYTES, refuse_longer=ok)
             short = ok and bool(response.length)  # bytes announced, never sent
         except (OSError, http.client.HTTPException) as exc:
             if expired.is_set():
@@ -224,6 +289,8 @@ class PrometheusAPI:
         finally:
             timer.cancel()
             self._in_flight = None
+            for sock in sockets:  # a read still blocked on it (a read-ahead thread) returns
+                _shut(sock)
             if response is not None:
                 response.close()
             conn.close()
@@ -257,6 +324,57 @@ class PrometheusAPI:
         if len(data) > limit:
             raise QueryError(f"{shown(expr)}: the answer is longer than {bound}", TOO_LARGE)
         return data
+
+
+READ_AHEAD_BLOCKS = 2  # received and waiting to be decoded, at most
+_POLL_S = 0.1  # how often a reader with a full queue checks whether it was let go
+
+
+def read_ahead(read1: Callable[[int], bytes], size: int,
+               depth: int = READ_AHEAD_BLOCKS) -> Iterator[bytes]:
+    """An answer's bytes in blocks, until ``read1`` (what has arrived, up to n bytes; empty
+    at the end) gives nothing, received on a thread of their own ahead of the caller (at most
+    ``depth`` blocks waiting): the engine writes and the network delivers while the caller
+    decodes. A block is what arrived while the caller was busy, up to ``size`` bytes: handed
+    over as soon as the caller waits. What ``read1`` raises is raised to the caller; a
+    caller that stops early lets the thread go at its next block (shutting the socket down
+    ends a read in progress)."""
+    blocks: queue.Queue[bytes | BaseException] = queue.Queue(depth)
+    done = threading.Event()
+
+    def put(item: bytes | BaseException) -> bool:
+        while not done.is_set():
+            try:
+                blocks.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def receive() -> None:
+        try:
+            while True:
+                block = bytearray()
+                while len(block) < size and (part := read1(size - len(block))):
+                    block += part
+                    if blocks.empty():  # the caller waits: hand this over now
+                        break
+                if not put(bytes(block)) or not block:
+                    return
+        except BaseException as exc:  # the caller's to handle, on its own thread
+            put(exc)
+
+    threading.Thread(target=receive, name="argus-score-read-ahead", daemon=True).start()
+    try:
+        while True:
+            item = blocks.get()
+            if isinstance(item, BaseException):
+                raise item
+            if not item:
+                return
+            yield item
+    finally:
+        done.set()
 
 
 def _shut(sock: socket.socket) -> None:

@@ -1,10 +1,10 @@
 """``argus score``: the W1 scoring job (L3), a loop of rounds behind a ``/metrics`` endpoint.
 
-Each round lists the jobs with kernel summaries in Prometheus, keeps this shard's (a stable
-hash of the job name, so N scorers split a cluster without talking to each other; with
-``split="peer-set"`` every job, and of each only this shard's peer sets: the ranks at some
-positions of the peer axis, which L3 compares only with each other), fetches
-each job's summaries, coordinates and phase medians, judges them with the core
+Each round lists the jobs with processors' ranks or exporters' steps in Prometheus, keeps
+this shard's (a stable hash of the job name, so N scorers split a cluster without talking to
+each other; with ``split="peer-set"`` every job, and of each only this shard's peer sets:
+the ranks at some positions of the peer axis, which L3 compares only with each other),
+fetches each job's summaries, coordinates and phase medians, judges them with the core
 (``core_adapter.judge``) and publishes the result atomically:
 ``argus_kernel_w1_score{job,rank,kernel,stream}``, ``argus_kernel_straggler`` (0/1),
 ``argus_verdict{job,rank,cause}``, ``argus_rank_short_of_cpu_seconds{job,rank,host}`` (a
@@ -73,6 +73,9 @@ FAILURE_REASONS = (*QUERY_REASONS, ERROR)  # the reason label of argus_scorer_fa
 SPLIT_JOBS = "job"  # a shard scores whole jobs
 SPLIT_PEER_SETS = "peer-set"  # a shard scores some peer sets of every job
 SPLITS = (SPLIT_JOBS, SPLIT_PEER_SETS)
+READ_QUERY = "query"  # kernel summaries by instant queries (any Prometheus API)
+READ_EXPORT = "export"  # by victoria-metrics' /api/v1/export/csv, streamed
+READS = (READ_QUERY, READ_EXPORT)
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -101,18 +104,22 @@ class ScoreConfig:
     l2_findings: str = L2_FINDINGS_ALL  # which L2 findings to publish (core_adapter)
     promql_axes: tuple[str, ...] = PROMQL_AXES  # beyond-promql: the axes the rules compare
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES  # longest answer read per query
+    read: str = READ_QUERY  # how the kernel summaries are read (READS)
+    lookback_s: float = 30.0  # READ_EXPORT: a series' last sample within this many seconds
 
     def __post_init__(self) -> None:
         if self.l2_findings not in L2_FINDINGS:
             raise ValueError(f"--l2-findings {self.l2_findings!r}: expected one of "
                              f"{', '.join(L2_FINDINGS)}")
+        if self.read not in READS:
+            raise ValueError(f"--read {self.read!r}: expected one of {', '.join(READS)}")
         if self.split not in SPLITS:
             raise ValueError(f"--split {self.split!r}: expected one of {', '.join(SPLITS)}")
         if not 0 <= self.shard < self.shards:
             raise ValueError(f"--shard {self.shard}/{self.shards}: expected I/N with "
                              f"0 <= I < N")
         for flag, seconds in (("--interval", self.interval_s), ("--timeout", self.timeout_s),
-                              ("--window", self.window_s)):
+                              ("--window", self.window_s), ("--lookback", self.lookback_s)):
             if not (math.isfinite(seconds) and seconds > 0):  # NaN fails every comparison
                 raise ValueError(f"{flag} {seconds}: expected a finite number of seconds > 0")
         if self.max_answer_bytes < 1:
@@ -208,7 +215,8 @@ class Scorer:
             def owns(position: int) -> bool:
                 return peer_set_shard(job, position, config.shards) == config.shard
         snapshot = fetch_job(self.api, job, config.selector, config.window_s,
-                             config.rate_window, config.peer_axis, owns)
+                             config.rate_window, config.peer_axis, owns,
+                             config.lookback_s if config.read == READ_EXPORT else None)
         judgement = judge(snapshot, config.peer_axis, config.l2_findings, config.promql_axes)
         return restrict(judgement, snapshot, config.peer_axis,
                         lead=owns is None or owns(0))
@@ -391,11 +399,11 @@ class Scorer:
             "left out (the series is read as not reported).")
         nonfinite.add_metric([], state.nonfinite_samples)
         yield nonfinite
-        shard = GaugeMetricFamily("argus_scorer_shard_info", "This scorer's shard and what "
-                                  "the shards split (value 1).",
-                                  labels=["shard", "shards", "split"])
-        shard.add_metric([str(self.config.shard), str(self.config.shards), self.config.split],
-                         1.0)
+        shard = GaugeMetricFamily("argus_scorer_shard_info", "This scorer's shard, what "
+                                  "the shards split and how it reads the kernel summaries "
+                                  "(value 1).", labels=["shard", "shards", "split", "read"])
+        shard.add_metric([str(self.config.shard), str(self.config.shards), self.config.split,
+                          self.config.read], 1.0)
         yield shard
 
 

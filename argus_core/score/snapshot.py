@@ -312,7 +312,7 @@ def stage_sample(table: PhaseTable | None) -> np.ndarray:
 
 def fetch_summaries(api: PrometheusAPI, match: str, coords: dict[int, tuple[int, ...]],
                     peer_axis: str, window_ns: int, owns: Callable[[int], bool] | None = None,
-                    also: np.ndarray | None = None,
+                    also: np.ndarray | None = None, export_lookback_s: float | None = None,
                     ) -> tuple[KernelSummary, KernelSummary | None, list[int]]:
     """The job's kernel summaries, fetched one peer set at a time (the ranks at one position
     on ``peer_axis``, which the core scores together), so that only one peer set's answer is
@@ -326,8 +326,11 @@ def fetch_summaries(api: PrometheusAPI, match: str, coords: dict[int, tuple[int,
     over 16 KB) are selected by the join.
 
     ``owns(position)``: only the peer sets it is true for (a shard's); then the ranks of
-    ``also`` outside them are fetched too, apart (the stage sample). Returns the summaries,
-    those of the ``also`` ranks (None without ``owns``) and the positions fetched."""
+    ``also`` outside them are fetched too, apart (the stage sample). With
+    ``export_lookback_s``, each peer set is read through victoria-metrics' export
+    (``PrometheusAPI.export_columns``: the last sample of that many seconds; a join is still
+    a query). Returns the summaries, those of the ``also`` ranks (None without ``owns``) and
+    the positions fetched."""
     axis = AXES.index(peer_axis)
     members: dict[int, list[int]] = {}
     for rank, position in sorted(coords.items()):
@@ -362,8 +365,10 @@ def fetch_summaries(api: PrometheusAPI, match: str, coords: dict[int, tuple[int,
                   if not owns(coords[int(r)][axis] if int(r) in coords else 0)]
         extra = (f'{match},rank=~"{ranks_regex(others)}"', "") if others else None
     names: dict[str, int] = {}
-    parts = [_summary_part(api, *select, window_ns, names) for select in selects]
-    sample = None if extra is None else [_summary_part(api, *extra, window_ns, names)]
+    parts = [_summary_part(api, *select, window_ns, names, export_lookback_s)
+             for select in selects]
+    sample = None if extra is None else [_summary_part(api, *extra, window_ns, names,
+                                                       export_lookback_s)]
     return (concat(parts, names, window_ns),
             None if owns is None else concat(sample or [], names, window_ns), fetched)
 
@@ -416,14 +421,21 @@ def _digit_class(digits: list[str]) -> str:
 
 
 def _summary_part(api: PrometheusAPI, match: str, where: str, window_ns: int,
-                  names: dict[str, int]) -> KernelSummary:
-    """The summaries of the series ``match`` selects, filtered by ``where``."""
+                  names: dict[str, int], export_lookback_s: float | None = None,
+                  ) -> KernelSummary:
+    """The summaries of the series ``match`` selects, filtered by ``where`` (a query), or
+    without ``where`` and with ``export_lookback_s``, exported."""
+    def read(metric: str, texts: tuple[str, ...]) -> VectorColumns:
+        if export_lookback_s is not None and not where:
+            return api.export_columns(f"{metric}{{{match}}}", export_lookback_s,
+                                      SUMMARY_INTS, texts, finite_only=False)
+        return api.query_columns(f"{metric}{{{match}}}{where}", SUMMARY_INTS, texts,
+                                 finite_only=False)
+
     # an answer read as JSON (the fallback) is a dict per series
     with cycle_collection_paused():
-        executions = api.query_columns(f"argus_kernel_executions{{{match}}}{where}",
-                                       SUMMARY_INTS, ("kernel",), finite_only=False)
-        durations = api.query_columns(f"argus_kernel_duration_seconds{{{match}}}{where}",
-                                      SUMMARY_INTS, SUMMARY_TEXTS, finite_only=False)
+        executions = read("argus_kernel_executions", ("kernel",))
+        durations = read("argus_kernel_duration_seconds", SUMMARY_TEXTS)
     executions, durations, nonfinite = finite_units(executions, durations)
     api.nonfinite_samples += nonfinite
     return kernel_summary(executions, durations, window_ns, names)
@@ -431,10 +443,12 @@ def _summary_part(api: PrometheusAPI, match: str, where: str, window_ns: int,
 
 def fetch_job(api: PrometheusAPI, job: str, selector: str, window_s: float,
               rate_window: str, peer_axis: str = "pp",
-              owns: Callable[[int], bool] | None = None) -> JobSnapshot:
+              owns: Callable[[int], bool] | None = None,
+              export_lookback_s: float | None = None) -> JobSnapshot:
     """Query everything the scorer needs about ``job`` (of the kernel summaries, only the
-    peer sets ``owns`` is true for, and the stage sample: ``fetch_summaries``); raises
-    QueryError, or DecodeError for a rank or coordinate label that is not a number."""
+    peer sets ``owns`` is true for, and the stage sample, queried or exported:
+    ``fetch_summaries``); raises QueryError, or DecodeError for a rank or coordinate label
+    that is not a number."""
     match = f"job={quote_label(job)}" + (f",{selector}" if selector else "")
     info = api.query(f"argus_rank_info{{{match}}}")
     coords = rank_coords(info)
@@ -452,7 +466,8 @@ def fetch_job(api: PrometheusAPI, job: str, selector: str, window_s: float,
     clocks = api.query(f"argus_phase_clock_info{{{match}}}")
     table = phase_table(phases, walls, orders, minimums, quartiles)
     summary, sample, peer_sets = fetch_summaries(api, match, coords, peer_axis,
-                                                 int(window_s * 1e9), owns, stage_sample(table))
+                                                 int(window_s * 1e9), owns, stage_sample(table),
+                                                 export_lookback_s)
     return JobSnapshot(
         job=job, summary=summary, coords=coords, phases=table,
         peer_sets=None if owns is None else peer_sets, stage_sample=sample,
@@ -472,8 +487,12 @@ def on_host_clock(clocks: list[dict]) -> bool:
 
 
 def list_jobs(api: PrometheusAPI, selector: str) -> list[str]:
-    """Jobs that have kernel summaries or exporter step counters in Prometheus."""
+    """Jobs that have processors' ranks or exporter step counters in Prometheus: each
+    found by one series per rank (``argus_rank_info``, which a processor serves for every
+    rank it summarises; ``argus_steps_total``), never by the kernel summaries themselves
+    (at 10,000 ranks x 100 kernels, reading their 2 M executions series to list one job took
+    13-27 s of a round)."""
     inner = f"{{{selector}}}" if selector else ""
-    result = api.query(f"group by (job) (argus_kernel_executions{inner})\n"
+    result = api.query(f"group by (job) (argus_rank_info{inner})\n"
                        f"or group by (job) (argus_steps_total{inner})")
     return sorted({r["metric"].get("job", "") for r in result} - {""})

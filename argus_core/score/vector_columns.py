@@ -33,7 +33,7 @@ import orjson
 HEADER = b'{"status":"success","data":{"resultType":"vector","result":['
 END = b"]}}"
 _QUOTE, _COLON, _COMMA, _LBRACE, _LBRACKET = b'":,{['
-_MASKS = np.array([(1 << 8 * i) - 1 for i in range(9)], dtype=np.uint64)  # low i bytes
+LOW_BYTES = np.array([(1 << 8 * i) - 1 for i in range(9)], dtype=np.uint64)  # low i bytes
 _VALUE_WINDOW = 40  # bytes in which a timestamp, its comma and the sample's quote must fit
 
 
@@ -139,7 +139,7 @@ def decode_vector(data: bytes, ints: tuple[str, ...] = (),
     for name in ints:
         if name not in column:
             return None
-        parsed = _integers(a, labels[:, column[name]] + 2, ends[:, column[name]])
+        parsed = decimal_integers(a, labels[:, column[name]] + 2, ends[:, column[name]])
         if parsed is None:
             return None
         out_ints[name] = parsed
@@ -174,7 +174,7 @@ def _first_names(data: bytes, metric: int, value: int, k: int) -> list[str] | No
     return names
 
 
-def _words(a: np.ndarray) -> np.ndarray:
+def byte_words(a: np.ndarray) -> np.ndarray:
     """``words[i]``: the 8 bytes at ``a[i:i + 8]`` as one little-endian integer (a view)."""
     return np.ndarray(shape=(max(len(a) - 7, 0),), dtype="<u8", buffer=a, strides=(1,))
 
@@ -192,7 +192,7 @@ def _at(a: np.ndarray, positions: np.ndarray, text: bytes) -> bool:
     words_end = -(-len(text) // 8) * 8  # the last word read may pass the text's end
     if len(text) <= 2 or positions.max() + words_end > len(a):  # byte by byte
         return all(bool((a[positions + i] == byte).all()) for i, byte in enumerate(text))
-    words = _words(a)
+    words = byte_words(a)
     for first in range(0, len(text), 8):
         chunk = text[first:first + 8]
         got = words[positions + first]
@@ -269,7 +269,7 @@ def _samples(data: bytes, a: np.ndarray, value: np.ndarray,
     if stamp.min() < 1 or not ((a[start] >= ord("0")) & (a[start] <= ord("9"))).all():
         return None  # a timestamp: its digits, a point and its decimals
     if data[opening[0] + 1:close[0]].isdigit():  # counts: read without a float() each
-        whole = _integers(a, opening + 1, close, quiet=True)
+        whole = decimal_integers(a, opening + 1, close, quiet=True)
         if whole is not None:
             return whole.astype(np.float64)
     try:  # as float() reads the text JSON gives (NaN, +Inf, -Inf): the same numbers
@@ -279,8 +279,8 @@ def _samples(data: bytes, a: np.ndarray, value: np.ndarray,
         return None
 
 
-def _integers(a: np.ndarray, start: np.ndarray, end: np.ndarray,
-              quiet: bool = False) -> np.ndarray | None:
+def decimal_integers(a: np.ndarray, start: np.ndarray, end: np.ndarray,
+                     quiet: bool = False) -> np.ndarray | None:
     """Decimal integers between ``start`` and ``end`` (exclusive); None unless all are
     (``quiet``: up to 15 digits, exact as floats too)."""
     length = end - start
@@ -307,7 +307,7 @@ def _texts(data: bytes, a: np.ndarray, start: np.ndarray, end: np.ndarray) -> Te
     length = end - start
     if len(length) and length.max() <= 8 and start.max() + 8 <= len(a):
         # Short values (quantiles): each one 8-byte word, grouped by numpy.
-        key = _words(a)[start] & _MASKS[length]
+        key = byte_words(a)[start] & LOW_BYTES[length]
         _, seen, codes = np.unique(key, return_index=True, return_inverse=True)
         order = np.argsort(seen)
         codes = np.argsort(order)[codes.reshape(-1)]

@@ -69,6 +69,15 @@ def own_scrape_targets(engine: str, addr: dict[str, str]) -> dict[str, list[str]
             "vmalert": [addr["vmalert"]]}
 
 
+def scorer_flags(engine: str, rules: RulesConfig) -> list[str]:
+    """``argus score``'s flags for the engine: on victoria-metrics the kernel summaries are
+    exported (streamed, about half the engine's work of a query), each series' last sample
+    within two scrape intervals."""
+    if engine == PROMETHEUS:
+        return []
+    return ["--read", "export", "--lookback", f"{2 * rules.scrape_interval:g}"]
+
+
 def commands(engine: str, binary, rules: RulesConfig, workdir: Path, addr: dict[str, str],
              files: dict[str, Path], alertmanager: str) -> list[Component]:
     """The engine's processes with their arguments (``binary(name)`` finds a program;

@@ -236,7 +236,8 @@ def up(config: StackConfig) -> Stack:
                     "--rate-window", format_duration(rules.rate_window),
                     "--timeout", f"{max(window_s, 2.0):g}",
                     # the rules' L2 source decides which L2 findings the scorer publishes
-                    "--l2-findings", "all" if rules.l2_source == L2_SCORER else "beyond-promql"],
+                    "--l2-findings", "all" if rules.l2_source == L2_SCORER else "beyond-promql",
+                    *engines.scorer_flags(config.engine, rules)],
                    url["scorer"] + "/metrics"),
         # a dry run: the plan for the suspects ArgusSuspectUnit names, on /plan and /metrics
         "act": ([*python, "act", "--listen", addr["act"], "--prometheus", query,
