@@ -39,6 +39,7 @@ AWKWARD = ['void at::native::elementwise_kernel<128, 4, at::native::{lambda(int)
            'tab\tnew\nline', 'ünïcödé 核函数 🚀', 'a & b < c > d', '"', ',', '""', 'x,"y"\n,z',
            'carriage\rreturn']
 JOB = "export-test"
+LOOKBACK_S = 3600.0  # both imported samples of every series, however late a test runs
 MiB = 1 << 20
 
 
@@ -128,7 +129,9 @@ def victoria(tmp_path_factory):
     url = f"http://127.0.0.1:{free_port()}"
     process = start("victoria-metrics", [
         binary, f"-httpListenAddr={url[7:]}", f"-storageDataPath={workdir / 'data'}",
-        "-retentionPeriod=1d", "-search.latencyOffset=1s"], workdir / "logs")
+        "-retentionPeriod=1d", "-search.latencyOffset=1s",
+        # the imported samples stay the latest however long the tests take to get there
+        "-search.maxStalenessInterval=1h"], workdir / "logs")
     try:
         wait_ready(process, url + "/health", timeout=120)
         now_ms = int(time.time() * 1000)
@@ -178,7 +181,7 @@ def test_the_export_reads_what_the_query_reads(victoria, metric, texts):
     api = PrometheusAPI(victoria, timeout_s=60)
     selector = f'{metric}{{job="{JOB}"}}'
     queried = api.query_columns(selector, SUMMARY_INTS, texts, finite_only=False)
-    exported = api.export_columns(selector, 60.0, SUMMARY_INTS, texts, finite_only=False)
+    exported = api.export_columns(selector, LOOKBACK_S, SUMMARY_INTS, texts, finite_only=False)
     assert len(exported) == len(queried) == 12 * len(AWKWARD) * 2 * len(texts)
     assert as_rows(exported, texts) == as_rows(queried, texts)
     assert set(exported.texts["kernel"].values) == set(AWKWARD)
@@ -193,7 +196,7 @@ def test_the_export_gives_the_queries_summary_table(victoria):
                                                     owns, np.array([0, 1, 2]))
         exported, e_sample, e_sets = fetch_summaries(api, match, coords, "pp", 60 * 10**9,
                                                      owns, np.array([0, 1, 2]),
-                                                     export_lookback_s=60.0)
+                                                     export_lookback_s=LOOKBACK_S)
         assert q_sets == e_sets
         for a, b in ((queried, exported), (q_sample, e_sample)):
             if a is None:
@@ -214,7 +217,7 @@ def table(summary) -> set:
 def test_an_export_past_the_answer_bound_is_refused(victoria):
     api = PrometheusAPI(victoria, timeout_s=60, max_answer_bytes=4096, attempts=1)
     with pytest.raises(QueryError, match="longer than the scorer's bound of 4096 bytes") as caught:
-        api.export_columns(f'argus_kernel_duration_seconds{{job="{JOB}"}}', 60.0,
+        api.export_columns(f'argus_kernel_duration_seconds{{job="{JOB}"}}', LOOKBACK_S,
                            SUMMARY_INTS, SUMMARY_TEXTS)
     assert caught.value.reason == TOO_LARGE
 
