@@ -18,7 +18,7 @@ import pytest
 from prom_support import Prometheus
 from support import free_port, wait_for
 
-from argus_core.score.csv_columns import CsvColumns, CsvError
+from argus_core.score.csv_columns import MAX_ROW_BYTES, CsvColumns, CsvError
 from argus_core.score.prometheus import (
     BAD_ANSWER,
     DEADLINE,
@@ -91,6 +91,14 @@ def test_each_series_last_sample_ordered_by_labels_whatever_the_blocks():
         again = decoded(EXPORT, block)
         assert again["kernel"] == whole["kernel"] and again["rank"] == whole["rank"]
         assert np.array_equal(again["value"], whole["value"], equal_nan=True)
+
+
+def test_a_row_without_end_is_refused_once_it_passes_the_bound():
+    columns = CsvColumns(("rank",), ("kernel",))
+    columns.feed(b'1,1000,0.5,k\n2,1000,0.5,"')  # a quoted name that never ends
+    with pytest.raises(CsvError, match=f"row 2 is longer than {MAX_ROW_BYTES} bytes"):
+        for _ in range(MAX_ROW_BYTES // 65536 + 1):  # newlines inside its quotes end nothing
+            columns.feed(b"x\n" * 32768)
 
 
 def test_an_empty_export_is_no_series():
