@@ -14,9 +14,10 @@ alone, or victoria-metrics with two vmagents splitting the targets and vmalert. 
 each group's evaluation time from the engine's own metrics (Prometheus'
 ``prometheus_rule_group_last_duration_seconds``; vmalert's ``vmalert_iteration_duration_seconds``
 sum and count, differenced), the engine's series, samples ingested per second and the summed
-RSS of its processes. Then the scorer's real fetch of the job through the engine's query API
-plus its judgement (``scorer_round_seconds``), and, engine-free, the decode and compute of the
-full ``--kernels`` round alone and split over ``--shards`` peer-set shards
+RSS of its processes. Then the scorer's real fetch of the job as the stack's scorer reads
+it (the query API on Prometheus; on victoria-metrics the kernel summaries exported, ``--read
+export``) plus its judgement (``scorer_round_seconds``), and, engine-free, the decode and
+compute of the full ``--kernels`` round alone and split over ``--shards`` peer-set shards
 (``rules_scale.scorer_compute``, ``scorer_shards``).
 
 ``rule_eval_seconds_per_15s``: each group's evaluation time x 15 s / its interval, summed
@@ -201,7 +202,9 @@ def run_engine(engine: str, args, cluster_port: int, rules: RulesConfig) -> dict
         missed_total = probe.sample()["missed"]
         api = PrometheusAPI(url, timeout_s=300, max_answer_bytes=4 << 30)
         t0 = time.perf_counter()
-        snapshot = fetch_job(api, "bench", "", 60.0, "2m")
+        # as the stack's scorer reads on this engine (engines.scorer_flags)
+        lookback = 2 * rules.scrape_interval if engine != engines.PROMETHEUS else None
+        snapshot = fetch_job(api, "bench", "", 60.0, "2m", export_lookback_s=lookback)
         fetch_s = time.perf_counter() - t0
         judgement = judge(snapshot, peer_axis="pp")
         round_s = time.perf_counter() - t0
@@ -222,6 +225,7 @@ def run_engine(engine: str, args, cluster_port: int, rules: RulesConfig) -> dict
             "evaluations_sampled": len(sums),
             "missed_iterations": missed_total - (missed_warm or 0.0),
             "missed_iterations_with_start": missed_total,
+            "scorer_read": "query" if lookback is None else "export",
             "scorer_fetch_seconds": fetch_s,
             "scorer_round_seconds": round_s,
             "scorer_fetched_series": api.series_fetched,
