@@ -406,3 +406,13 @@ def test_export_against_prometheus_says_it_needs_victoria_metrics(tmp_path):
         assert caught.value.reason == HTTP_STATUS
     finally:
         prometheus.stop()
+
+
+def test_the_lookback_is_the_engines_clock_not_the_scorers(victoria, monkeypatch):
+    """A scorer host whose clock runs two hours ahead (more than the lookback) still reads
+    the last samples: the export's range is relative, on the engine's clock."""
+    ahead = time.time() + 7200
+    monkeypatch.setattr(time, "time", lambda: ahead)
+    api = PrometheusAPI(victoria, timeout_s=60)
+    assert len(api.export_columns(f'argus_kernel_executions{{job="{JOB}"}}', LOOKBACK_S,
+                                  SUMMARY_INTS, ("kernel",))) == 12 * len(AWKWARD) * 2

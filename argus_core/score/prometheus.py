@@ -26,7 +26,6 @@ import math
 import queue
 import socket
 import threading
-import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import TypeVar
@@ -179,7 +178,8 @@ class PrometheusAPI:
         only a block of its bytes is held; ``max_answer_bytes`` bounds the whole. Not CSV of
         the fields asked for: QueryError (``BAD_ANSWER``, naming the row)."""
         params = {"match[]": selector, "format": export_format(ints, texts),
-                  "start": f"{time.time() - lookback_s:.3f}",
+                  # relative: the engine's clock, whatever the scorer's says
+                  "start": f"-{max(round(lookback_s * 1000), 1)}ms",
                   # samples as stored, unsorted, duplicates kept: a third of the engine's
                   # work (CsvColumns.latest sorts and keeps the last of each series)
                   "reduce_mem_usage": "1"}
