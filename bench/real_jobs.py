@@ -5,11 +5,12 @@
 Every case starts a real job with ``torchrun``, the one-line ``instrument`` or zero-code
 ``argus run``: DDP jobs (``tests/scripts/ddp_train.py``: 1, 2, 4 or 8 ranks) healthy or with
 one fault injected on one rank (slow forward or backward, sustained or intermittent host
-stalls, a slow data loader, a CPU hog on the rank's core, slow forwards on a tenth of the
-steps), and jobs of every parallelism (``tests/scripts/parallel_train.py``: DDP, FSDP2, DTensor
-tensor parallel, a send/recv pipeline, an all-to-all MoE layer) healthy, with a late rank and
-with a slow one, and a four-stage pipeline with a slow link between two stages (both ends are
-to be named, each with the other as its ``peer``). Each spools its records to files and is
+stalls, a slow data loader, a CPU hog on the rank's core from the start or from step 30 of a
+one-rank job, slow forwards on a tenth of the steps), and jobs of every parallelism
+(``tests/scripts/parallel_train.py``: DDP, FSDP2, DTensor tensor parallel, a send/recv
+pipeline, an all-to-all MoE layer) healthy, with a late rank and with a slow one, and a
+four-stage pipeline with a slow link between two stages (both ends are to be named, each
+with the other as its ``peer``). Each spools its records to files and is
 diagnosed. A case is as expected when the verdicts name exactly the faulty rank with its cause
 (healthy: no verdict at all; a slow link: its two ends, each naming the other as peer);
 ``false_verdicts`` counts verdicts on ranks no fault touched. The machine's own noise (other
@@ -87,6 +88,8 @@ CASES = [
     Case("stall-1", 1, _fault(0, "stall", 0.08, ARGUS_TEST_STALL_STEPS="20,45"), {0: "host"}),
     Case("data-2", 2, _fault(1, "data", 0.03, ARGUS_TEST_FROM="20"), {1: "host"}),
     Case("hog-2", 2, _fault(1, "hog", 0.0, ARGUS_TEST_PIN="1"), {1: "host"}),
+    Case("hog-1-late", 1, _fault(0, "hog", 0.0, ARGUS_TEST_PIN="1", ARGUS_TEST_FROM="30"),
+         {0: "host"}),
     Case("tail-4", 4, _fault(1, "tail", 0.08, ARGUS_TEST_TAIL_SHARE="0.1"), {1: "compute"}),
 ]
 PARALLEL_RANKS = {"ddp": 2, "fsdp1": 2, "fsdp2": 2, "tp": 2, "moe": 2,

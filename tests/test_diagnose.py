@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from argus_core.detect.diagnose import diagnose
 from argus_core.simulate import CASES
@@ -77,6 +78,30 @@ def _with_cpu_wait(trace: Trace, rank: int, wait_s: float, from_step: int) -> Tr
     waits[(table.rank == rank) & (table.step >= from_step)] = wait_s
     table.cpu_wait_s = waits
     return trace
+
+
+def test_a_culprits_wait_for_a_cpu_counts_beyond_the_other_ranks_rise():
+    """``cpu_wait_rise``, what makes an L1 culprit's compute regression host: its wait's rise
+    from before the regression beyond the other ranks' rise (a load on the whole host raises
+    every rank's wait and explains no one rank's slowdown), its own rise in a one-rank job."""
+    from argus_core.detect.cpu_wait import cpu_wait_rise
+    from argus_core.detect.steps import StepMatrix
+
+    def matrix(waits: np.ndarray) -> StepMatrix:
+        ranks, steps = waits.shape
+        return StepMatrix(np.arange(ranks), np.arange(steps), np.arange(steps) * 10**9,
+                          np.full(waits.shape, 0.05), np.full(waits.shape, 0.05),
+                          np.zeros((ranks, steps, 0)), [], cpu_wait=waits)
+
+    waits = np.full((4, 40), 1e-4)
+    waits[:, 20:] += 0.005  # the whole host loaded from step 20
+    waits[3, 20:] += 0.008  # and rank 3's core more
+    assert cpu_wait_rise(matrix(waits), 3, 20) == pytest.approx(0.008)
+    assert cpu_wait_rise(matrix(waits), 1, 20) == pytest.approx(0.0)
+    assert cpu_wait_rise(matrix(waits[3:]), 0, 20) == pytest.approx(0.013)
+    assert cpu_wait_rise(matrix(waits[3:]), 0, 20, 29) == pytest.approx(0.013)
+    assert cpu_wait_rise(matrix(waits[3:]), 0, 2) is None  # two steps before: too few
+    assert cpu_wait_rise(matrix(np.full((1, 40), np.nan)), 0, 20) is None
 
 
 def test_a_slow_rank_that_waited_for_a_cpu_is_short_of_cpu_not_slow(trace_of):

@@ -93,3 +93,23 @@ def test_the_health_line_says_why():
     run(cycle, 2 * REVIEW_EVERY, 330, 0.0075)
     line = cycle.describe()
     assert line.startswith("1 step in 8 (auto: ~330 kernels") and "budget 1.0%" in line
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_decoding_lag_does_not_make_the_probe_trace_less_than_it_needs(seed):
+    """The probe counts kernels as their buffers are decoded: a buffer behind the launches
+    (a 64 KiB buffer holds about 370 kernel records) by however much the flushes' timing
+    leaves at each review, and several on a busy host. 200 launches in a 2 ms step cost 12%:
+    1 step in 16 within a 1% budget, also when three buffers were still undecoded at the cut
+    from every step to 1 in 16 (the next window holds 4 traced steps against the first's 32,
+    so what it catches up on weighs 8 times as much a step)."""
+    rng = np.random.default_rng(seed)
+    cycle = DutyCycle(0, 0.01)
+    launched, duties = 0, []
+    for step in range(16 * REVIEW_EVERY):
+        traced = cycle.traces(step)
+        launched += 200 if traced else 0
+        lag = 3 * 370 if step == REVIEW_EVERY - 1 else int(rng.choice([0, 370]))
+        cycle.observe(traced, 0.002, max(0, launched - lag))
+        duties.append(cycle.duty)
+    assert set(duties[REVIEW_EVERY:]) == {16}

@@ -159,6 +159,27 @@ def test_regression_of_a_compute_straggler_is_attributed():
     assert [(c.rank, c.cause) for c in result.culprits] == [(3, "compute")]
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_a_slowdown_that_rises_in_steps_is_one_episode(seed):
+    """Rank 3's backward takes 1.5x from step 20 and 2.5x from step 26 (a second process
+    taking more of its core) to the trace's end: two rises, one episode. Its culprit spans
+    the whole of it (each rise judged alone against the level just before it would end the
+    first at step 25, too short to be a verdict, and excuse the second as too small a rise)."""
+    wall, gpu, phases = phase_steps(seed=seed)
+    phases[3, 20:, 1] *= 1.5
+    phases[3, 26:, 1] *= 2.5 / 1.5
+    own = phases[:, :, 0] + phases[:, :, 1]
+    phases[:, :, 2] = 0.005 + (own.max(axis=0) - own)
+    gpu = phases.sum(axis=2)
+    wall = gpu.max(axis=0)[None, :] + 0.002 + np.zeros((4, 1))
+    m = dp_matrix(wall, gpu, phases)
+    result = detect_l1(m, times=collective_times(m, Topology(dp=4).coords()))
+    assert [s for s, _ in result.regressions][:1] == [20]
+    first = next(c for c in result.culprits if c.step == 20)
+    assert (first.rank, first.cause, first.last_step) == (3, "compute", 39)
+    assert first.excess_s > 0.04  # the episode's median rise, not its first level's
+
+
 def test_job_wide_slowdown_has_no_culprit():
     """Every rank slows down alike (a shared cause): a regression, and nobody to blame."""
     wall, gpu, phases = phase_steps()

@@ -69,6 +69,24 @@ def test_real_job_gets_exactly_its_verdicts(path):
         assert verdict["cost_share"] >= 0.02 and "costs the job" in verdict["evidence"]
 
 
+@pytest.mark.parametrize("path", sorted(DATA.glob("hog-1-late*.ndjson.gz")),
+                         ids=lambda p: p.name.split(".")[0])
+def test_a_one_rank_job_short_of_cpu_from_a_step_on_is_host(path):
+    """A one-rank job with a busy process on its core from step 30: its compute doubles with
+    no peer to compare it with. Its training thread's wait for a CPU rose as much from step
+    30 as its step did, so the verdict is host (short of CPU, against its own wait before);
+    the same recording without the waits recorded is a compute regression."""
+    (verdict,) = diagnose(_trace(path)).to_json()["verdict"]
+    assert verdict["cause"] == "host", verdict
+    onset = re.search(r"short of CPU: its training thread waited [\d.]+ ms a step longer for "
+                      r"a CPU than before step (\d+)", verdict["evidence"])
+    assert onset and 28 <= int(onset[1]) <= 33, verdict["evidence"]
+    blind = _trace(path)
+    blind.steps.cpu_wait_s = np.full(len(blind.steps), np.nan)
+    (verdict,) = diagnose(blind).to_json()["verdict"]
+    assert verdict["cause"] == "compute" and "compute time +" in verdict["evidence"]
+
+
 def test_a_noisy_cpu_job_calibrates_its_own_spike_threshold():
     """The CPU jobs' own noise lifts the spike threshold above the 1.5x floor (their healthy
     blips reach 2-3x), while a quiet simulated GPU job keeps the floor: the same 1.5x stall

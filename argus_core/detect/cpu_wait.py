@@ -9,6 +9,11 @@ ranks at t (a pair: its partner's); a compute verdict whose median ``d`` over it
 least ``min_share`` of what it costs the job a step is a host verdict instead. The scorer,
 which sees each rank's window median wait (``argus_step_cpu_wait_window_seconds``), takes the
 rank's median minus the median of the other ranks' (``extra_window_cpu_wait``).
+
+A culprit of an L1 regression (a rank whose own time rose from before the regression more
+than the other ranks' did; in a one-rank job, its own rise) is judged against the same
+reference: its wait's rise from before the regression beyond the other ranks' rise
+(``cpu_wait_rise``: medians over the regression's steps and over the steps before).
 """
 
 from __future__ import annotations
@@ -60,3 +65,28 @@ def extra_window_cpu_wait(medians: dict[int, float], rank: int) -> float | None:
     if own is None or not others:
         return None
     return float(own - np.median(others))
+
+
+def cpu_wait_rise(matrix: StepMatrix, rank: int, first_step: int,
+                  last_step: int | None = None) -> float | None:
+    """Seconds a step by which ``rank``'s wait for a CPU rose over steps ``first_step`` to
+    ``last_step`` from its own wait before ``first_step`` (medians of each), beyond the other
+    ranks' rise over the same steps (their median; none in a one-rank job), as L1 measures a
+    culprit's rise; None where the rank has fewer than ``MIN_STEPS`` steps carrying the wait
+    on either side."""
+    waits = matrix.cpu_wait
+    where = np.flatnonzero(matrix.ranks == rank)
+    if waits is None or not len(where):
+        return None
+    steps = matrix.steps
+    during = (steps >= first_step) & ((steps <= last_step) if last_step is not None else True)
+    before = steps < first_step
+    row = int(where[0])
+    if (np.count_nonzero(~np.isnan(waits[row, during])) < MIN_STEPS
+            or np.count_nonzero(~np.isnan(waits[row, before])) < MIN_STEPS):
+        return None
+    with np.errstate(all="ignore"):
+        rises = nanmedian(waits[:, during], axis=1) - nanmedian(waits[:, before], axis=1)
+    others = np.delete(rises, row)
+    others = others[~np.isnan(others)]
+    return float(rises[row] - (np.median(others) if len(others) else 0.0))

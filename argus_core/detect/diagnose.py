@@ -18,7 +18,7 @@ import numpy as np
 from argus_core.detect.arrival import collective_times
 from argus_core.detect.attribution import AttributionConfig, Suspect, attribute
 from argus_core.detect.cost import MIN_COST_SHARE, Cost, JobContext, cost_of, steps_from
-from argus_core.detect.cpu_wait import extra_cpu_wait
+from argus_core.detect.cpu_wait import cpu_wait_rise, extra_cpu_wait
 from argus_core.detect.host import HostConfig, HostFinding, detect_host
 from argus_core.detect.l1 import L1Config, L1Result, detect_l1
 from argus_core.detect.l2 import L2Config, L2Result, detect_l2
@@ -194,7 +194,8 @@ def diagnose(trace: Trace, config: DiagnoseConfig | None = None) -> Diagnosis:
     minor: list[Verdict] = []
     verdicts = build_verdicts(l1, l2, l3, trace.stacks, matrix.t_ns, host, context,
                               config.verdict, minor, links,
-                              lambda rank, onset: extra_cpu_wait(matrix, rank, onset))
+                              lambda rank, onset: extra_cpu_wait(matrix, rank, onset),
+                              lambda rank, first, last: cpu_wait_rise(matrix, rank, first, last))
     suspects = attribute(trace.ranks, [(v.rank, v.cause) for v in verdicts],
                          matrix.ranks.tolist(),
                          {v.rank: v.cost.seconds for v in verdicts if v.cost is not None},

@@ -28,6 +28,7 @@ moves a rank's share of shared cores by a fifth and more for tens of steps.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -153,14 +154,20 @@ def detect_l1(matrix: StepMatrix, config: L1Config | None = None,
     cps = change_points(y, config.change_threshold, config.min_segment,
                         np.log(config.min_regression), sigma)
     bounds = [0, *cps, len(y)]
+    levels = [float(np.median(y[lo:hi])) for lo, hi in itertools.pairwise(bounds)]
+    rise = np.log(config.min_regression)
     for i, cp in enumerate(cps):
-        before = np.median(y[bounds[i]:cp])
-        after = np.median(y[cp:bounds[i + 2]])
-        ratio_cp = float(np.exp(after - before))
-        if ratio_cp >= config.min_regression:
-            result.regressions.append((int(matrix.steps[idx[cp]]), ratio_cp))
-            result.segments.append((int(idx[bounds[i]]), int(idx[cp]),
-                                    int(idx[bounds[i + 2] - 1]) + 1))
+        if levels[i + 1] - levels[i] < rise:
+            continue
+        # one episode while the job stays that much slower than before it (a slowdown that
+        # rises in steps, or wavers, is one): the culprits are judged over all of it
+        last = i + 1
+        while last + 1 < len(levels) and levels[last + 1] - levels[i] >= rise:
+            last += 1
+        result.regressions.append((int(matrix.steps[idx[cp]]),
+                                   float(np.exp(levels[i + 1] - levels[i]))))
+        result.segments.append((int(idx[bounds[i]]), int(idx[cp]),
+                                int(idx[bounds[last + 1] - 1]) + 1))
     if times is None:
         times = collective_times(matrix, np.zeros((len(matrix.ranks), len(AXES)), np.int64))
     result.culprits = attribute(matrix, result, times, config)

@@ -107,11 +107,14 @@ def build_verdicts(l1: L1Result, l2: L2Result, l3: list[KernelFinding],
                    minor: list[Verdict] | None = None,
                    links: list[LinkFinding] | None = None,
                    cpu_wait: Callable[[int, int | None], float | None] | None = None,
+                   cpu_wait_rise: Callable[[int, int, int | None], float | None] | None = None,
                    ) -> list[Verdict]:
     """Combine L1 culprits, L2 findings, host findings, L3 findings and slow links into one
     verdict per rank; candidates that cost less than the floor go to ``minor`` when given.
     ``cpu_wait(rank, from_step)``: seconds a step the rank waited for a CPU beyond its peers
-    (``argus_core.detect.cpu_wait``); a compute verdict it explains is a host one."""
+    (``argus_core.detect.cpu_wait``); a compute verdict it explains is a host one.
+    ``cpu_wait_rise(rank, first, last)``: the same beyond the rank's own wait before its
+    regression, for a compute verdict that is a regression against its own past (L1's)."""
     context = context or JobContext()
     config = config or VerdictConfig()
     l2_by_rank = defaultdict(list)
@@ -159,13 +162,17 @@ def build_verdicts(l1: L1Result, l2: L2Result, l3: list[KernelFinding],
             cost = _findings_cost(links, None, context)
             candidates.append(Verdict(rank, "communication", _link_evidence(
                 links, collectives, l3), cost))
+        regression = None  # the worst of L1's regressions behind the culprits' candidate
         if culprits.get(rank):
             cause = _culprit_cause(culprits[rank])
             mine = [c for c in culprits[rank] if c.cause == cause]
             cost = _culprits_cost(mine, context)
             candidates.append(Verdict(rank, _culprit_cause(mine), _culprit_evidence(
                 rank, mine, l1, stacks or [], step_starts, context), cost))
+            regression = max((c for c in mine if c.event == "regression"), default=None,
+                             key=lambda c: c.excess_s)
         candidates = [_with_cost_text(v, context) for v in candidates]
+        from_culprits = candidates[-1] if regression is not None else None
         # the first cause that costs the job enough wins; a smaller one that would have won
         # (a rank that slept computes a little slower after) is not allowed to hide it
         passing = [v for v in candidates if not _too_small(v, config)]
@@ -174,8 +181,13 @@ def build_verdicts(l1: L1Result, l2: L2Result, l3: list[KernelFinding],
         if chosen is not None and chosen.cause == "compute" and host_too and _cost_s(
                 host_too[0]) > _cost_s(chosen):  # slow compute shows no host time, but a
             chosen = host_too[0]  # stalled rank's compute may slow a little: the larger wins
-        if chosen is not None and chosen.cause == "compute" and cpu_wait is not None:
-            chosen = _short_of_cpu(chosen, cpu_wait(rank, onset), onset, config)
+        if chosen is not None and chosen.cause == "compute":
+            if chosen is from_culprits and cpu_wait_rise is not None:
+                chosen = _short_of_cpu(chosen, cpu_wait_rise(
+                    rank, regression.step, regression.last_step), regression.step, config,
+                    f"than before step {regression.step}")
+            elif cpu_wait is not None:
+                chosen = _short_of_cpu(chosen, cpu_wait(rank, onset), onset, config)
         if chosen is not None:
             verdicts.append(chosen)
         elif candidates and minor is not None:
@@ -184,16 +196,17 @@ def build_verdicts(l1: L1Result, l2: L2Result, l3: list[KernelFinding],
 
 
 def _short_of_cpu(verdict: Verdict, extra_wait_s: float | None, onset: int | None,
-                  config: VerdictConfig) -> Verdict:
-    """A compute verdict as host when the rank's extra wait for a CPU explains most of it."""
+                  config: VerdictConfig, reference: str = "than its peers'") -> Verdict:
+    """A compute verdict as host when the rank's extra wait for a CPU explains most of it
+    (``reference``: what the wait is beyond, in the evidence's words)."""
     if extra_wait_s is None or verdict.cost is None or not verdict.cost.seconds > 0:
         return verdict
     if extra_wait_s < config.cpu_wait_share * verdict.cost.seconds:
         return verdict
-    since = f" from step {onset}" if onset is not None else ""
+    since = f" from step {onset}" if onset is not None and reference.endswith("'") else ""
     return Verdict(verdict.rank, "host",
                    f"short of CPU: its training thread waited {_seconds(extra_wait_s)} a step "
-                   f"longer for a CPU than its peers'{since} (another process on its cores, or "
+                   f"longer for a CPU {reference}{since} (another process on its cores, or "
                    f"more busy threads than cores), so it is not slow at its own work; "
                    f"{verdict.evidence}", verdict.cost, verdict.peer, extra_wait_s)
 

@@ -22,6 +22,7 @@ LAUNCH_COST_S = 1.2e-6  # CUPTI's added cost per kernel launch on the launching 
 MAX_DUTY = 256
 REVIEW_EVERY = 32  # steps between two estimates
 MIN_TRACED = 4  # traced steps before the first estimate
+POOLED = 32  # traced steps an estimate counts kernels over (once traced)
 
 
 def choose_duty(cost_fraction: float, budget: float) -> int:
@@ -48,6 +49,8 @@ class DutyCycle:
         self._steps = 0
         self._traced_at = 0  # traced steps and kernels decoded at the last estimate
         self._records_at = 0
+        self._windows: deque[tuple[int, int]] = deque(maxlen=POOLED // MIN_TRACED)  # kernels
+        # decoded and steps traced in each window between two estimates, newest last
         self._walls: deque[float] = deque(maxlen=REVIEW_EVERY)
 
     def traces(self, step: int) -> bool:
@@ -67,12 +70,18 @@ class DutyCycle:
         traced = self._traced_steps - self._traced_at
         if self._steps % REVIEW_EVERY or traced < MIN_TRACED or len(self._walls) < MIN_TRACED:
             return False
-        # kernels per traced step since the last estimate (decoding lags a flush behind, so
-        # one window's shortfall is the next one's excess: smoothed over two windows)
-        recent = (records_total - self._records_at) / traced
+        # kernels per traced step over the last POOLED traced steps at least (whole windows):
+        # decoding lags up to a buffer behind (several on a busy host), and what one window
+        # misses the next catches up on; over a window alone, after the cut from every step to
+        # 1 in 16 (4 traced steps a window instead of 32), that catch-up would weigh 8 times
+        self._windows.append((records_total - self._records_at, traced))
         self._traced_at, self._records_at = self._traced_steps, records_total
-        self.kernels_per_step = (recent if self.kernels_per_step is None
-                                 else (self.kernels_per_step + recent) / 2)
+        kernels = steps = 0
+        for window_kernels, window_steps in reversed(self._windows):
+            kernels, steps = kernels + window_kernels, steps + window_steps
+            if steps >= POOLED:
+                break
+        self.kernels_per_step = kernels / steps
         walls = sorted(self._walls)
         wall = walls[len(walls) // 2]
         self.estimate = self.kernels_per_step * LAUNCH_COST_S / wall

@@ -13,7 +13,8 @@ seconds, from step ARGUS_TEST_FROM on, of kind ARGUS_TEST_FAULT:
 - ``data``: a slow data loader (the sleep while the batch is made);
 - ``stall``: a sleep before the forward of the steps in ARGUS_TEST_STALL_STEPS only;
 - ``tail``: a sleep in the forward of a random ARGUS_TEST_TAIL_SHARE of the steps;
-- ``hog``: a busy process pinned to the rank's core (ranks are pinned one per core).
+- ``hog``: a busy process pinned to the rank's core (ranks are pinned one per core), started
+  at step ARGUS_TEST_FROM.
 """
 
 import os
@@ -51,11 +52,16 @@ def _sleep_when(active: bool) -> None:
 if os.environ.get("ARGUS_TEST_PIN") == "1" and hasattr(os, "sched_setaffinity"):
     cores = sorted(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cores[rank % len(cores)]})
-if faulty and FAULT == "hog":
+hog = None
+
+
+def _start_hog() -> subprocess.Popen:
+    """A busy process on the first core this rank may run on."""
     core = sorted(os.sched_getaffinity(0))[0]
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(hog.pid, {core})
+        os.sched_setaffinity(busy.pid, {core})
+    return busy
 
 net = torch.nn.Sequential(torch.nn.Linear(WIDTH, 2 * WIDTH), torch.nn.GELU(),
                           torch.nn.Linear(2 * WIDTH, 8))
@@ -78,6 +84,8 @@ for step in range(1 << 40 if SECONDS else STEPS):
         dist.broadcast(stop, 0)
         if stop.item():
             break
+    if faulty and FAULT == "hog" and hog is None and step >= FROM:
+        hog = _start_hog()
     _sleep_when(FAULT == "data")
     batch = torch.randn(32, WIDTH)
     _sleep_when(FAULT == "host" or (FAULT == "stall" and step in STALL_STEPS))
@@ -86,5 +94,5 @@ for step in range(1 << 40 if SECONDS else STEPS):
     optimizer.step()
     optimizer.zero_grad()
 dist.destroy_process_group()
-if faulty and FAULT == "hog":
+if hog is not None:
     hog.kill()
