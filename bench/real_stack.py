@@ -1,9 +1,11 @@
 """Benchmark: the live alerts on real training jobs, the local stack fed by real torch jobs.
 
     python bench/real_stack.py [--json] [--minutes 6] [--cases straggler,healthy] [--dump DIR]
+                               [--engine prometheus|victoriametrics]
 
-For each case, ``argus stack up`` (Prometheus with the rules, Alertmanager, the processor,
-the scorer, S3 on loopback; time scale 15) and one real torch DDP job (4 ranks unless said) on CPU
+For each case, ``argus stack up --engine ENGINE`` (Prometheus with the rules, or
+victoria-metrics with two vmagents and vmalert; Alertmanager, the processor, the scorer, S3 on
+loopback; time scale 15) and one real torch DDP job (4 ranks unless said) on CPU
 (``tests/scripts/ddp_train.py``, the one-line instrument) posting its records to the stack's
 sink and serving its metrics to the stack's Prometheus (``argus stack targets``), for
 --minutes. ``straggler``: rank 1 sleeps 30 ms in every forward (a compute straggler, the
@@ -51,10 +53,12 @@ def argus(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, timeout=300)
 
 
-def run_case(name: str, minutes: float, workdir: Path, dump: Path | None = None) -> dict:
-    """One stack, one real job for ``minutes``; the fail-slow alerts that fired."""
+def run_case(name: str, minutes: float, workdir: Path, dump: Path | None = None,
+             engine: str = "prometheus") -> dict:
+    """One stack on ``engine``, one real job for ``minutes``; the fail-slow alerts that
+    fired."""
     env_fault, expected, ranks = CASES[name]
-    up = argus("stack", "up", "--workdir", str(workdir))
+    up = argus("stack", "up", "--workdir", str(workdir), "--engine", engine)
     if up.returncode != 0:
         raise RuntimeError(f"argus stack up failed: {up.stderr}")
     try:
@@ -132,6 +136,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--minutes", type=float, default=6.0)
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--engine", choices=("prometheus", "victoriametrics"),
+                        default="prometheus")
     parser.add_argument("--dump", type=Path, metavar="DIR",
                         help="write each case's L1 trend series there (CASE.json)")
     args = parser.parse_args()
@@ -140,9 +146,9 @@ def main() -> None:
         if name not in CASES:
             parser.error(f"unknown case {name!r} (one of {', '.join(CASES)})")
         with tempfile.TemporaryDirectory() as tmp:
-            results[name] = run_case(name, args.minutes, Path(tmp), args.dump)
+            results[name] = run_case(name, args.minutes, Path(tmp), args.dump, args.engine)
         print(f"{name}: {results[name]}", file=sys.stderr, flush=True)
-    report({"minutes": args.minutes, "cases": results,
+    report({"engine": args.engine, "minutes": args.minutes, "cases": results,
             "as_expected": all(r["as_expected"] for r in results.values())}, args.json)
 
 
