@@ -42,7 +42,7 @@ from argus_core.score.snapshot import (
     ranks_regex,
 )
 from argus_core.stack import engines
-from argus_core.stack.processes import free_port, start, wait_ready
+from argus_core.stack.processes import Process, free_port, start, wait_ready
 from argus_core.stack.stack import binary
 from argus_core.summaries import KernelSummary
 
@@ -50,22 +50,22 @@ JOB = "bench"
 LOOKBACK_S = 3600.0  # the export's range: both imported samples of every series
 
 
-def rank_info(ranks: int) -> bytes:
+def rank_info(ranks: int, job: str = JOB) -> bytes:
     """Every rank's ``argus_rank_info`` as the processors expose it."""
     coords = topology_for(ranks).coords()
-    lines = [f'argus_rank_info{{job="{JOB}",rank="{r}",host="node-{r // 8}",'
+    lines = [f'argus_rank_info{{job="{job}",rank="{r}",host="node-{r // 8}",'
              + ",".join(f'{a}="{coords[r, i]}"' for i, a in enumerate(AXES)) + "} 1"
              for r in range(ranks)]
     return ("\n".join(lines) + "\n").encode()
 
 
-def load(url: str, parts: list[bytes], now: int) -> float:
-    """Import the exposition at two timestamps; seconds it took."""
+def load(url: str, parts: list[bytes], now: int, job: str = JOB) -> float:
+    """Import the exposition at two timestamps, as ``job``'s; seconds it took."""
     t0 = time.perf_counter()
     for stamp in (now - 30, now - 15):
         for part in parts:
             request = urllib.request.Request(
-                f"{url}/api/v1/import/prometheus?timestamp={stamp * 1000}&extra_label=job={JOB}",
+                f"{url}/api/v1/import/prometheus?timestamp={stamp * 1000}&extra_label=job={job}",
                 data=part)
             with urllib.request.urlopen(request, timeout=600) as answer:
                 answer.read()
@@ -106,6 +106,36 @@ def scorer_rounds(url: str, ranks: int) -> dict:
     return out
 
 
+def start_store(workdir: Path) -> tuple[Process, str]:
+    """victoria-metrics as ``argus stack up --engine victoriametrics`` starts it, ready; its
+    URL."""
+    address = f"127.0.0.1:{free_port()}"
+    process = start("victoria-metrics", [
+        binary("victoria-metrics"), f"-httpListenAddr={address}",
+        f"-storageDataPath={workdir / 'data'}", "-retentionPeriod=1d",
+        "-search.latencyOffset=1s", f"-search.maxUniqueTimeseries={engines.MAX_QUERY_SERIES}",
+        # the imported samples stay the latest for the whole run (minutes at 6 M series),
+        # as a live store's are refreshed every scrape
+        "-search.maxStalenessInterval=1h"],
+        workdir / "logs")
+    try:
+        wait_ready(process, f"http://{address}/health", timeout=120)
+    except BaseException:
+        process.stop(60)
+        raise
+    return process, f"http://{address}"
+
+
+def wait_searchable(api: PrometheusAPI, job: str, ranks: int) -> None:
+    """Until every rank's imported ``argus_rank_info`` is searchable (the store's caches
+    see imported samples a moment later)."""
+    deadline = time.monotonic() + 120
+    while len(api.query(f'argus_rank_info{{job="{job}"}}')) < ranks:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{job}'s imported argus_rank_info never became searchable")
+        time.sleep(1)
+
+
 def timed(call) -> tuple[object, float]:
     t0 = time.perf_counter()
     out = call()
@@ -119,27 +149,12 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="argus-scorer-fetch-"))
-    address = f"127.0.0.1:{free_port()}"
-    url = f"http://{address}"
-    process = start("victoria-metrics", [
-        binary("victoria-metrics"), f"-httpListenAddr={address}",
-        f"-storageDataPath={workdir / 'data'}", "-retentionPeriod=1d",
-        "-search.latencyOffset=1s", f"-search.maxUniqueTimeseries={engines.MAX_QUERY_SERIES}",
-        # the imported samples stay the latest for the whole run (minutes at 6 M series),
-        # as a live store's are refreshed every scrape
-        "-search.maxStalenessInterval=1h"],
-        workdir / "logs")
+    process, url = start_store(workdir)
     try:
-        wait_ready(process, url + "/health", timeout=120)
         parts = [*kernel_exposition(args.ranks, args.kernels, 10), rank_info(args.ranks)]
         load_s = load(url, parts, int(time.time()))
-        # the imported samples become searchable once the store's caches see them
         api = PrometheusAPI(url, timeout_s=600, max_answer_bytes=4 << 30)
-        deadline = time.monotonic() + 120
-        while len(api.query(f'argus_rank_info{{job="{JOB}"}}')) < args.ranks:
-            if time.monotonic() > deadline:
-                raise SystemExit("the imported argus_rank_info never became searchable")
-            time.sleep(1)
+        wait_searchable(api, JOB, args.ranks)
         coords = rank_coords(api.query(f'argus_rank_info{{job="{JOB}"}}'))
         match = f'job="{JOB}"'
         ranks = sorted(r for r, c in coords.items() if c[AXES.index("pp")] == 0)

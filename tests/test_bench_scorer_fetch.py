@@ -1,7 +1,8 @@
 """``bench/scorer_fetch.py`` on a small job: the scorer's peer-set selection by ranks reads the
 same series as the join it replaces, from a real victoria-metrics, the whole job's fetch
 decodes every rank's summaries, the export (``--read export``) gives the same summaries as
-the query, and whole scorer rounds either way find the slow rank."""
+the query, and whole scorer rounds either way find the slow rank. ``bench/scorer_overlap.py``
+on a few small jobs: its rounds with and without fetching ahead agree."""
 
 from __future__ import annotations
 
@@ -26,3 +27,19 @@ def test_the_fetch_benchmark_reads_every_summary_and_agrees_with_the_join():
     assert result["peer_set_series"] == 80 // 5 * 3 * 2 * 3  # ranks x kernels x clusters x 3
     assert result["job_summary_rows"] == 80 * 3 * 2
     assert result["shard_summary_rows"] == 80 // 5 * 3 * 2
+
+
+def test_the_overlap_benchmark_times_both_settings_and_they_agree():
+    """``bench/scorer_overlap.py`` on three small jobs: rounds with the next job fetched
+    ahead and one job at a time publish the same verdicts and kernel stragglers, each job's
+    slow rank its only verdict, with each ``--read``."""
+    bench = BENCH.parent / "scorer_overlap.py"
+    done = subprocess.run([sys.executable, str(bench), "--jobs", "3", "--ranks", "80",
+                           "--kernels", "3", "--rounds", "1", "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["agree"] and result["found"]
+    for read in ("query", "export"):
+        assert result[f"{read}_ahead_round_seconds"] > 0
+        assert result[f"{read}_one_at_a_time_round_seconds"] > 0

@@ -38,6 +38,7 @@ sys.modules["real_jobs"] = real_jobs  # dataclasses look their module up
 _spec.loader.exec_module(real_jobs)
 EXPECTED = {case.name: case.expected for case in real_jobs.CASES}
 PEERS = {case.name: case.peers for case in real_jobs.CASES}
+RANKS = {case.name: case.ranks for case in real_jobs.CASES}
 RECORDINGS = sorted(DATA.glob("*.ndjson.gz"))
 
 

@@ -211,6 +211,24 @@ def test_peer_set_shards_publish_together_exactly_what_one_scorer_does(prometheu
         config(prometheus.url, split="rank")
 
 
+def test_fetching_ahead_publishes_exactly_what_one_job_at_a_time_does(prometheus):
+    """``--fetch-ahead 1`` (the default: the next job fetched while one is judged) and 0 (one
+    job at a time) publish the same series from back-to-back rounds."""
+    def round_of(scorer: Scorer) -> dict:
+        assert scorer.run_round()
+        return published([scorer])
+
+    ahead, one_by_one = Scorer(config(prometheus.url)), Scorer(config(prometheus.url,
+                                                                      fetch_ahead=0))
+    for _ in range(5):  # a pair of rounds in which the steps' rates did not move
+        if round_of(ahead) == round_of(one_by_one):
+            break
+    assert published([ahead]) == published([one_by_one])
+    assert published([ahead])["argus_verdict"]
+    assert ahead.config.fetch_ahead == 1 and set(ahead.published.judgements) == {
+        "llm-a", "llm-b"}
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_a_rank_regex_matches_exactly_its_ranks(seed):
     """The peer-set selector's regex matches every rank of the set and no other rank text,
@@ -340,6 +358,8 @@ def test_query_strings_quote_job_names():
     (["--shard", "x"], "expected I/N"),
     (["--listen", "9800"], "expected HOST:PORT"),
     (["--prometheus", "localhost:9090"], "expected http(s)://host:port"),
+    (["--fetch-ahead", "-1"], "--fetch-ahead -1: expected 0 to 4 jobs"),
+    (["--fetch-ahead", "9"], "--fetch-ahead 9: expected 0 to 4 jobs"),
 ])
 def test_cli_refuses_bad_arguments(argv, message, capsys):
     base = {"--prometheus": "http://127.0.0.1:9090"}

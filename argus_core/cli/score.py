@@ -56,6 +56,9 @@ def register(commands) -> None:
                    help="with --read export: a series' last sample within this many seconds "
                         "counts (default 30; at least two scrape intervals of the "
                         "processors)")
+    p.add_argument("--fetch-ahead", type=int, default=1, metavar="JOBS",
+                   help="jobs fetched while the one before is judged, each held in memory "
+                        "until judged (default 1; 0: fetch and judge one job at a time)")
     p.add_argument("--config", metavar="FILE",
                    help="the rules' config (argus.yml's keys): the scorer takes the settings "
                         "it shares with the rules from it: l2_source (which L2 findings to "
@@ -91,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
                              peer_axis=args.peer_axis,
                              window_s=args.window, timeout_s=args.timeout,
                              max_answer_bytes=args.max_answer_mb << 20, read=args.read,
-                             lookback_s=args.lookback, **shared)
+                             lookback_s=args.lookback, fetch_ahead=args.fetch_ahead,
+                             **shared)
         from argus_core.score.prometheus import PrometheusAPI
 
         PrometheusAPI(config.prometheus, timeout_s=config.timeout_s)  # validates the URL

@@ -113,8 +113,9 @@ def build_verdicts(l1: L1Result, l2: L2Result, l3: list[KernelFinding],
     verdict per rank; candidates that cost less than the floor go to ``minor`` when given.
     ``cpu_wait(rank, from_step)``: seconds a step the rank waited for a CPU beyond its peers
     (``argus_core.detect.cpu_wait``); a compute verdict it explains is a host one.
-    ``cpu_wait_rise(rank, first, last)``: the same beyond the rank's own wait before its
-    regression, for a compute verdict that is a regression against its own past (L1's)."""
+    ``cpu_wait_rise(rank, first, last)``: the rise of that wait from before an L1 regression
+    over its steps, beyond the other ranks' rise, for a compute verdict that is the
+    regression's culprit (slower than its own past, not than its peers)."""
     context = context or JobContext()
     config = config or VerdictConfig()
     l2_by_rank = defaultdict(list)
@@ -184,10 +185,12 @@ def build_verdicts(l1: L1Result, l2: L2Result, l3: list[KernelFinding],
         if chosen is not None and chosen.cause == "compute":
             if chosen is from_culprits and cpu_wait_rise is not None:
                 chosen = _short_of_cpu(chosen, cpu_wait_rise(
-                    rank, regression.step, regression.last_step), regression.step, config,
+                    rank, regression.step, regression.last_step), config,
                     f"than before step {regression.step}")
             elif cpu_wait is not None:
-                chosen = _short_of_cpu(chosen, cpu_wait(rank, onset), onset, config)
+                since = f" from step {onset}" if onset is not None else ""
+                chosen = _short_of_cpu(chosen, cpu_wait(rank, onset), config,
+                                       f"than its peers'{since}")
         if chosen is not None:
             verdicts.append(chosen)
         elif candidates and minor is not None:
@@ -195,18 +198,17 @@ def build_verdicts(l1: L1Result, l2: L2Result, l3: list[KernelFinding],
     return verdicts
 
 
-def _short_of_cpu(verdict: Verdict, extra_wait_s: float | None, onset: int | None,
-                  config: VerdictConfig, reference: str = "than its peers'") -> Verdict:
+def _short_of_cpu(verdict: Verdict, extra_wait_s: float | None, config: VerdictConfig,
+                  reference: str) -> Verdict:
     """A compute verdict as host when the rank's extra wait for a CPU explains most of it
     (``reference``: what the wait is beyond, in the evidence's words)."""
     if extra_wait_s is None or verdict.cost is None or not verdict.cost.seconds > 0:
         return verdict
     if extra_wait_s < config.cpu_wait_share * verdict.cost.seconds:
         return verdict
-    since = f" from step {onset}" if onset is not None and reference.endswith("'") else ""
     return Verdict(verdict.rank, "host",
                    f"short of CPU: its training thread waited {_seconds(extra_wait_s)} a step "
-                   f"longer for a CPU {reference}{since} (another process on its cores, or "
+                   f"longer for a CPU {reference} (another process on its cores, or "
                    f"more busy threads than cores), so it is not slow at its own work; "
                    f"{verdict.evidence}", verdict.cost, verdict.peer, extra_wait_s)
 

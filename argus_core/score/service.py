@@ -5,7 +5,8 @@ this shard's (a stable hash of the job name, so N scorers split a cluster withou
 each other; with ``split="peer-set"`` every job, and of each only this shard's peer sets:
 the ranks at some positions of the peer axis, which L3 compares only with each other),
 fetches each job's summaries, coordinates and phase medians, judges them with the core
-(``core_adapter.judge``) and publishes the result atomically:
+(``core_adapter.judge``; one thread fetches the next job meanwhile, ``fetch_ahead``) and
+publishes the result atomically:
 ``argus_kernel_w1_score{job,rank,kernel,stream}``, ``argus_kernel_straggler`` (0/1),
 ``argus_verdict{job,rank,cause}``, ``argus_rank_short_of_cpu_seconds{job,rank,host}`` (a
 rank's extra wait for a CPU, where it makes its slow phases host: ArgusRankShortOfCPU, and
@@ -37,11 +38,14 @@ down), the round ends and the process exits within ``STOP_TIMEOUT_S``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import queue
 import threading
 import time
 import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from argus_core.detect.verdict import ranks_text
@@ -61,13 +65,14 @@ from argus_core.score.prometheus import (
     PrometheusAPI,
     QueryError,
 )
-from argus_core.score.snapshot import fetch_job, list_jobs
+from argus_core.score.snapshot import JobSnapshot, fetch_job, list_jobs
 from argus_core.score.vector_columns import DecodeError
 
 logger = logging.getLogger("argus_core.score")
 
 MAX_BACKOFF_FACTOR = 4
 STOP_TIMEOUT_S = 5.0  # after SIGTERM, the longest wait for the round under way to end
+HANDOVER_POLL_S = 0.1  # how often a fetched job's hand-over checks that the round goes on
 ERROR = "error"  # a failure that is not a query's: a bug judging the job
 FAILURE_REASONS = (*QUERY_REASONS, ERROR)  # the reason label of argus_scorer_failures_total
 SPLIT_JOBS = "job"  # a shard scores whole jobs
@@ -76,6 +81,7 @@ SPLITS = (SPLIT_JOBS, SPLIT_PEER_SETS)
 READ_QUERY = "query"  # kernel summaries by instant queries (any Prometheus API)
 READ_EXPORT = "export"  # by victoria-metrics' /api/v1/export/csv, streamed
 READS = (READ_QUERY, READ_EXPORT)
+MAX_FETCH_AHEAD = 4  # each job fetched ahead is held in memory until it is judged
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -106,6 +112,7 @@ class ScoreConfig:
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES  # longest answer read per query
     read: str = READ_QUERY  # how the kernel summaries are read (READS)
     lookback_s: float = 30.0  # READ_EXPORT: a series' last sample within this many seconds
+    fetch_ahead: int = 1  # jobs fetched while the one before is judged (0: one at a time)
 
     def __post_init__(self) -> None:
         if self.l2_findings not in L2_FINDINGS:
@@ -124,6 +131,9 @@ class ScoreConfig:
                 raise ValueError(f"{flag} {seconds}: expected a finite number of seconds > 0")
         if self.max_answer_bytes < 1:
             raise ValueError(f"max_answer_bytes {self.max_answer_bytes}: expected > 0")
+        if not 0 <= self.fetch_ahead <= MAX_FETCH_AHEAD:
+            raise ValueError(f"--fetch-ahead {self.fetch_ahead}: expected 0 to "
+                             f"{MAX_FETCH_AHEAD} jobs")
 
 
 def shard_of(job: str, shards: int) -> int:
@@ -184,17 +194,24 @@ class Scorer:
         except Exception as exc:  # whatever the answer, the round is counted
             _count(failures, exc, "cannot list jobs")
             jobs = None
-        for job in jobs or ():
-            if self._stop.is_set():  # the rest of the round is left out
-                jobs_failed += 1
-                break
-            try:
-                judgement = self._judge(job)
-                if judgement.lead or judgement.peer_sets:  # else nothing of it is this shard's
-                    judgements[job] = judgement
-            except Exception as exc:  # one job's failure is only that job's
-                _count(failures, exc, f"job {job!r} left out this round")
-                jobs_failed += 1
+        taken = 0
+        with fetched_ahead(jobs or [], self._fetch, self.config.fetch_ahead,
+                           self._stop) as fetched:
+            for job, snapshot, error in fetched:
+                if self._stop.is_set():
+                    break
+                taken += 1
+                try:
+                    if error is not None:
+                        raise error
+                    judgement = self._judge(job, snapshot)
+                    if judgement.lead or judgement.peer_sets:  # else none of it is ours
+                        judgements[job] = judgement
+                except Exception as exc:  # one job's failure is only that job's
+                    _count(failures, exc, f"job {job!r} left out this round")
+                    jobs_failed += 1
+        if taken < len(jobs or ()):  # stopped: the rest of the round is left out
+            jobs_failed += 1
         ok = jobs is not None and jobs_failed == 0
         self.published = Published(
             judgements=judgements,
@@ -207,16 +224,24 @@ class Scorer:
             nonfinite_samples=api.nonfinite_samples)
         return ok
 
-    def _judge(self, job: str) -> Judgement:
-        """Fetch one job (this shard's peer sets of it) and judge it with the core."""
+    def _owns(self, job: str) -> Callable[[int], bool] | None:
+        """Which peer-set positions of ``job`` are this shard's (None: all of them)."""
         config = self.config
-        owns = None
-        if config.split == SPLIT_PEER_SETS and config.shards > 1:
-            def owns(position: int) -> bool:
-                return peer_set_shard(job, position, config.shards) == config.shard
-        snapshot = fetch_job(self.api, job, config.selector, config.window_s,
-                             config.rate_window, config.peer_axis, owns,
-                             config.lookback_s if config.read == READ_EXPORT else None)
+        if config.split != SPLIT_PEER_SETS or config.shards < 2:
+            return None
+        return lambda position: peer_set_shard(job, position, config.shards) == config.shard
+
+    def _fetch(self, job: str) -> JobSnapshot:
+        """Fetch one job: this shard's peer sets of it."""
+        config = self.config
+        return fetch_job(self.api, job, config.selector, config.window_s,
+                         config.rate_window, config.peer_axis, self._owns(job),
+                         config.lookback_s if config.read == READ_EXPORT else None)
+
+    def _judge(self, job: str, snapshot: JobSnapshot) -> Judgement:
+        """Judge one fetched job with the core."""
+        config = self.config
+        owns = self._owns(job)
         judgement = judge(snapshot, config.peer_axis, config.l2_findings, config.promql_axes)
         return restrict(judgement, snapshot, config.peer_axis,
                         lead=owns is None or owns(0))
@@ -405,6 +430,61 @@ class Scorer:
         shard.add_metric([str(self.config.shard), str(self.config.shards), self.config.split,
                           self.config.read], 1.0)
         yield shard
+
+
+@contextlib.contextmanager
+def fetched_ahead(jobs: list[str], fetch: Callable[[str], JobSnapshot], ahead: int,
+                  stop: threading.Event) -> Iterator[Iterator[tuple[str, JobSnapshot | None,
+                                                                     Exception | None]]]:
+    """``(job, snapshot, None)`` or ``(job, None, error)`` for each job in order; with
+    ``ahead`` >= 1 one thread fetches the jobs (all queries of a round from that one
+    thread), at most ``ahead`` beyond the one being judged, so that fetching (mostly waiting
+    on the engine and decoding) and judging overlap. On leaving, the thread is told to stop
+    and joined: a fetch under way ends within its deadline, or at once when ``stop()`` closed
+    the connection."""
+    if ahead < 1:
+        yield ((job, *_attempt(fetch, job)) for job in jobs)
+        return
+    ready: queue.Queue = queue.Queue(maxsize=ahead)
+    left = threading.Event()
+
+    def fetch_all() -> None:
+        for job in jobs:
+            if left.is_set() or stop.is_set():
+                break
+            outcome = (job, *_attempt(fetch, job))
+            while not left.is_set():  # the consumer takes it, or has gone
+                try:
+                    ready.put(outcome, timeout=HANDOVER_POLL_S)
+                    break
+                except queue.Full:
+                    continue
+
+    thread = threading.Thread(target=fetch_all, name="argus-score-fetch", daemon=True)
+    thread.start()
+
+    def taken() -> Iterator[tuple[str, JobSnapshot | None, Exception | None]]:
+        for _ in jobs:
+            while True:
+                try:
+                    yield ready.get(timeout=HANDOVER_POLL_S)
+                    break
+                except queue.Empty:
+                    if not thread.is_alive() and ready.empty():
+                        return  # stopped before this job
+    try:
+        yield taken()
+    finally:
+        left.set()
+        thread.join()
+
+
+def _attempt(fetch: Callable[[str], JobSnapshot], job: str,
+             ) -> tuple[JobSnapshot | None, Exception | None]:
+    try:
+        return fetch(job), None
+    except Exception as exc:  # one job's failure is only that job's: counted when judged
+        return None, exc
 
 
 def _hosts_text(hosts: tuple[str, ...]) -> str:
