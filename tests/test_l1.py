@@ -129,6 +129,18 @@ def dp_matrix(wall, gpu, phases) -> StepMatrix:
                       phases, ["forward", "backward", "dp-allreduce"])
 
 
+def l1_of_own_times(phases: np.ndarray):
+    """L1 of a dp job whose ranks' forward and backward are ``phases[..., :2]``: each rank
+    waits in the all-reduce for the slowest (``phases[..., 2]`` rewritten), the step ends
+    with it."""
+    own = phases[:, :, 0] + phases[:, :, 1]
+    phases[:, :, 2] = 0.005 + (own.max(axis=0) - own)
+    gpu = phases.sum(axis=2)
+    wall = gpu.max(axis=0)[None, :] + 0.002 + np.zeros((len(phases), 1))
+    m = dp_matrix(wall, gpu, phases)
+    return detect_l1(m, times=collective_times(m, Topology(dp=len(phases)).coords()))
+
+
 def test_sustained_host_stall_is_attributed_to_its_rank():
     """Rank 1 sleeps 120 ms before every all-reduce from step 8 on (device idle, phases flat);
     the others wait for it inside the all-reduce. The regression is rank 1's, cause host."""
@@ -148,14 +160,9 @@ def test_sustained_host_stall_is_attributed_to_its_rank():
 
 def test_regression_of_a_compute_straggler_is_attributed():
     """Rank 3's backward doubles from step 20: the regression is its compute."""
-    wall, gpu, phases = phase_steps()
+    _, _, phases = phase_steps()
     phases[3, 20:, 1] *= 2
-    own = phases[:, :, 0] + phases[:, :, 1]
-    phases[:, :, 2] = 0.005 + (own.max(axis=0) - own)
-    gpu = phases.sum(axis=2)
-    wall = gpu.max(axis=0)[None, :] + 0.002 + np.zeros((4, 1))
-    m = dp_matrix(wall, gpu, phases)
-    result = detect_l1(m, times=collective_times(m, Topology(dp=4).coords()))
+    result = l1_of_own_times(phases)
     assert [(c.rank, c.cause) for c in result.culprits] == [(3, "compute")]
 
 
@@ -165,15 +172,10 @@ def test_a_slowdown_that_rises_in_steps_is_one_episode(seed):
     taking more of its core) to the trace's end: two rises, one episode. Its culprit spans
     the whole of it (each rise judged alone against the level just before it would end the
     first at step 25, too short to be a verdict, and excuse the second as too small a rise)."""
-    wall, gpu, phases = phase_steps(seed=seed)
+    _, _, phases = phase_steps(seed=seed)
     phases[3, 20:, 1] *= 1.5
     phases[3, 26:, 1] *= 2.5 / 1.5
-    own = phases[:, :, 0] + phases[:, :, 1]
-    phases[:, :, 2] = 0.005 + (own.max(axis=0) - own)
-    gpu = phases.sum(axis=2)
-    wall = gpu.max(axis=0)[None, :] + 0.002 + np.zeros((4, 1))
-    m = dp_matrix(wall, gpu, phases)
-    result = detect_l1(m, times=collective_times(m, Topology(dp=4).coords()))
+    result = l1_of_own_times(phases)
     assert [s for s, _ in result.regressions][:1] == [20]
     first = next(c for c in result.culprits if c.step == 20)
     assert (first.rank, first.cause, first.last_step) == (3, "compute", 39)
