@@ -1,6 +1,7 @@
 """Benchmark: the diagnosis on real training jobs (torch DDP on CPU, gloo), not the simulator.
 
     python bench/real_jobs.py [--json] [--runs 3] [--cases healthy-2,forward-2] [--record DIR]
+                              [--busy N [--busy-period 3]]
 
 Every case starts a real job with ``torchrun``, the one-line ``instrument`` or zero-code
 ``argus run``: DDP jobs (``tests/scripts/ddp_train.py``: 1, 2, 4 or 8 ranks) healthy or with
@@ -18,19 +19,25 @@ ranks on the same cores, the scheduler, the garbage collector) is what the diagn
 through. ``--record DIR`` keeps each run's spool as ``DIR/CASE.ndjson.gz`` (the recordings
 under tests/data/real_jobs came from it). A job that exits non-zero is counted in
 ``job_failures`` (its stderr kept beside the recordings, or under the
-``argus-real-jobs`` folder of the system's temporary directory) and the other cases still run. The
+``argus-real-jobs`` folder of the system's temporary directory) and the other cases still run.
+``--busy N`` runs every case beside N busy processes, each stopped and resumed at random
+every 0.3 to ``--busy-period`` s: a loaded machine's interference, as on a busy CI runner. The
 last line (--json) is ``{"runs", "cases", "as_expected", "false_verdicts", ...}``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import os
+import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -210,6 +217,40 @@ def record(spool: Path, out: Path) -> None:
                     shutil.copyfileobj(source, sink)
 
 
+@contextlib.contextmanager
+def busy_neighbours(count: int, period_s: float):
+    """``count`` busy processes, each stopped and resumed at random every 0.3 to
+    ``period_s`` s while the block runs (a loaded machine's interference); gone after it.
+    Yields their process ids."""
+    if count < 1:
+        yield []
+        return
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                for _ in range(count)]
+    done = threading.Event()
+
+    def toggle() -> None:
+        running = True
+        while not done.wait(random.uniform(0.3, period_s)):
+            running = not running
+            for spinner in spinners:
+                with contextlib.suppress(OSError):
+                    os.kill(spinner.pid, signal.SIGCONT if running else signal.SIGSTOP)
+
+    toggler = threading.Thread(target=toggle, daemon=True)
+    toggler.start()
+    try:
+        yield [spinner.pid for spinner in spinners]
+    finally:
+        done.set()
+        toggler.join()
+        for spinner in spinners:
+            with contextlib.suppress(OSError):
+                os.kill(spinner.pid, signal.SIGCONT)
+            spinner.kill()
+            spinner.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
@@ -219,7 +260,13 @@ def main() -> None:
                         help="only the cases of every parallelism (parallel_train.py)")
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--record", type=Path, help="keep each run's spool here")
+    parser.add_argument("--busy", type=int, default=0,
+                        help="busy processes beside the jobs, stopped and resumed at random")
+    parser.add_argument("--busy-period", type=float, default=3.0,
+                        help="the longest a busy process runs or rests, seconds (default 3)")
     args = parser.parse_args()
+    if args.busy < 0 or not args.busy_period > 0.3:
+        parser.error("--busy must be >= 0 and --busy-period > 0.3")
     wanted = set(filter(None, args.cases.split(",")))
     unknown = wanted - {c.name for c in CASES}
     if unknown:
@@ -227,6 +274,20 @@ def main() -> None:
     cases = [c for c in CASES if (not wanted or c.name in wanted)
              and (not args.parallel or c.script == PARALLEL_SCRIPT)]
     results, failures, start = [], [], time.perf_counter()
+    with busy_neighbours(args.busy, args.busy_period):
+        _run_all(args, cases, results, failures)
+    missed = sorted({r["case"] for r in results if not r["as_expected"]})
+    report({"runs": args.runs, "cases": len(cases), "busy": args.busy,
+            "as_expected": sum(r["as_expected"] for r in results),
+            "false_verdicts": sum(len(r["false_ranks"]) for r in results),
+            "not_as_expected": missed, "job_failures": failures,
+            "seconds": round(time.perf_counter() - start, 1)},
+           args.json)
+
+
+def _run_all(args: argparse.Namespace, cases: list[Case], results: list[dict],
+             failures: list[dict]) -> None:
+    """Every run of every case, judged; a job that fails is counted in ``failures``."""
     for run in range(args.runs):
         for case in cases:
             with tempfile.TemporaryDirectory() as tmp:
@@ -251,13 +312,6 @@ def main() -> None:
             mark = "ok " if outcome["as_expected"] else "BAD"
             print(f"{mark} run {run} {case.name}: {outcome['verdicts']} "
                   f"{'; '.join(outcome['evidence'])[:300]}", file=sys.stderr, flush=True)
-    missed = sorted({r["case"] for r in results if not r["as_expected"]})
-    report({"runs": args.runs, "cases": len(cases),
-            "as_expected": sum(r["as_expected"] for r in results),
-            "false_verdicts": sum(len(r["false_ranks"]) for r in results),
-            "not_as_expected": missed, "job_failures": failures,
-            "seconds": round(time.perf_counter() - start, 1)},
-           args.json)
 
 
 if __name__ == "__main__":

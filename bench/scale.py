@@ -12,12 +12,15 @@ every 15 s and evaluate every generated rule group at its production interval: P
 alone, or victoria-metrics with two vmagents splitting the targets and vmalert. After
 ``--warm-seconds`` (150: the rate windows filled), every 15 s for the rest of ``--minutes``:
 each group's evaluation time from the engine's own metrics (Prometheus'
-``prometheus_rule_group_last_duration_seconds``; vmalert's ``vmalert_iteration_duration_seconds``
-sum and count, differenced), the engine's series, samples ingested per second and the summed
-RSS of its processes. Then the scorer's real fetch of the job as the stack's scorer reads
-it (the query API on Prometheus; on victoria-metrics the kernel summaries exported, ``--read
-export``) plus its judgement (``scorer_round_seconds``), and, engine-free, the decode and
-compute of the full ``--kernels`` round alone and split over ``--shards`` peer-set shards
+``prometheus_rule_group_last_duration_seconds``; vmalert's
+``vmalert_iteration_duration_seconds`` sum and count, differenced), on Prometheus each rule's
+(``/api/v1/rules``' ``evaluationTime``: ``slowest_rules``, medians over the samples; vmalert
+1.79's field is not the rule's own time: it reads alike for every rule of a group, and larger
+than the group's whole evaluation), the engine's series, samples ingested per second and the
+summed RSS of its processes. Then the scorer's real fetch of the job as the stack's scorer
+reads it (the query API on Prometheus; on victoria-metrics the kernel summaries exported,
+``--read export``) plus its judgement (``scorer_round_seconds``), and, engine-free, the decode
+and compute of the full ``--kernels`` round alone and split over ``--shards`` peer-set shards
 (``rules_scale.scorer_compute``, ``scorer_shards``).
 
 ``rule_eval_seconds_per_15s``: each group's evaluation time x 15 s / its interval, summed
@@ -45,10 +48,12 @@ from rules_scale import (
     group_intervals,
     kernel_exposition,
     query,
+    rule_times,
     scorer_compute,
     scorer_exposition,
     scorer_shards,
     serve,
+    slowest_rules,
 )
 
 from argus_core.rules.alerts import alert_groups
@@ -178,6 +183,7 @@ def run_engine(engine: str, args, cluster_port: int, rules: RulesConfig) -> dict
         probe = Probe(engine, addr)
         intervals = group_intervals(rules)
         per_15s, sums, rss, series, rates = [], [], [], [], []
+        per_rule: list[dict[str, float]] = []
         started = time.monotonic()
         deadline = started + args.minutes * 60
         last_groups: dict[str, float] = {}
@@ -196,6 +202,8 @@ def run_engine(engine: str, args, cluster_port: int, rules: RulesConfig) -> dict
                     sums.append(sum(last_groups.values()))
                     per_15s.append(sum(d * 15.0 / intervals.get(g, 15.0)
                                        for g, d in last_groups.items()))
+                if engine == engines.PROMETHEUS:
+                    per_rule.append(rule_times(url))
                 series.append(now["series"])
                 rates.append((now["ingested"] - probe.last["ingested"]) / (t - previous_t))
             probe.last, previous_t = now, t
@@ -222,6 +230,7 @@ def run_engine(engine: str, args, cluster_port: int, rules: RulesConfig) -> dict
             else float("nan"),
             "rule_eval_seconds_by_group": {g: round(d, 3) for g, d in
                                            sorted(last_groups.items(), key=lambda kv: -kv[1])},
+            "slowest_rules": slowest_rules(per_rule, top=8),
             "evaluations_sampled": len(sums),
             "missed_iterations": missed_total - (missed_warm or 0.0),
             "missed_iterations_with_start": missed_total,

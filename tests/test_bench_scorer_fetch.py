@@ -2,7 +2,8 @@
 same series as the join it replaces, from a real victoria-metrics, the whole job's fetch
 decodes every rank's summaries, the export (``--read export``) gives the same summaries as
 the query, and whole scorer rounds either way find the slow rank. ``bench/scorer_overlap.py``
-on a few small jobs: its rounds with and without fetching ahead agree."""
+on a few small jobs: its rounds with and without fetching ahead agree. ``bench/vm_visibility.py``
+times what the store shows of a new series and of a new sample."""
 
 from __future__ import annotations
 
@@ -43,3 +44,21 @@ def test_the_overlap_benchmark_times_both_settings_and_they_agree():
     for read in ("query", "export"):
         assert result[f"{read}_ahead_round_seconds"] > 0
         assert result[f"{read}_one_at_a_time_round_seconds"] > 0
+
+
+def test_the_visibility_benchmark_times_a_new_series_and_a_new_sample():
+    """``bench/vm_visibility.py``: a new series' first sample and a held series' new sample
+    each become visible to an instant query, and their times are reported; a bad count is
+    refused by name."""
+    bench = BENCH.parent / "vm_visibility.py"
+    done = subprocess.run([sys.executable, str(bench), "--series", "1", "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["series"] == 1 and "-search.latencyOffset" in result["engine"]
+    for field in ("new_series_seconds", "new_sample_seconds"):
+        low, high = result[f"{field}_range"]
+        assert 0 < low <= result[field] <= high
+    refused = subprocess.run([sys.executable, str(bench), "--series", "0"],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--series" in refused.stderr

@@ -233,6 +233,14 @@ def test_bench_runs_a_fresh_real_job(tmp_path):
     assert (tmp_path / "stall-1.ndjson.gz").exists()
 
 
+def test_busy_neighbours_run_beside_the_block_and_are_gone_after():
+    """``--busy``: the busy processes exist while the cases run, and none outlives them."""
+    with real_jobs.busy_neighbours(2, 0.5) as pids:
+        assert len(pids) == 2
+        assert all(Path(f"/proc/{pid}").exists() for pid in pids)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)  # killed and reaped
+
+
 def _own_seconds(trace):
     """Each rank's own time per step (wall less waiting), warm-up left out."""
     from argus_core.detect.arrival import collective_times

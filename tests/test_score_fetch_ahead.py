@@ -29,6 +29,23 @@ def test_jobs_come_in_order_each_with_its_own_failure(ahead):
     assert isinstance(error, ValueError) and "job-3" in str(error)
 
 
+@pytest.mark.parametrize("jobs", [[], ["job-0"]])
+def test_a_round_of_one_job_or_none_starts_no_thread(jobs):
+    """Nothing to overlap: the job is fetched on the round's own thread."""
+    fetched_on = []
+
+    def fetch(job: str) -> str:
+        fetched_on.append(threading.current_thread())
+        return f"snapshot of {job}"
+
+    with fetched_ahead(jobs, fetch, 1, threading.Event()) as fetched:
+        assert not any(t.name == "argus-score-fetch" for t in threading.enumerate())
+        out = list(fetched)
+    assert [(job, snapshot) for job, snapshot, _ in out] == [(j, f"snapshot of {j}")
+                                                           for j in jobs]
+    assert fetched_on == [threading.current_thread()] * len(jobs)
+
+
 @pytest.mark.parametrize("ahead", [1, 2])
 def test_at_most_ahead_jobs_are_fetched_beyond_the_one_judged(ahead):
     """Each job fetched ahead is held in memory until judged: while the consumer judges job

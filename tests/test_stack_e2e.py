@@ -229,14 +229,10 @@ def test_the_scorer_reads_the_summaries_the_engines_fastest_way(stack):
 
 
 def test_host_stalls_name_the_stalled_rank(stack):
-    try:
-        wait_for(stack, "ArgusHostStall", is_alert("ArgusHostStall", "jit-stall"), timeout=90)
-    except AssertionError:
-        if stack.info["engine"] != engines.VICTORIAMETRICS:
-            raise
-        # Known limit (docs/limits.md): on vmalert the transient stalls' alert fired in 2 of 3
-        # runs, and not in a fresh-clone CI run on a loaded machine.
-        pytest.xfail("ArgusHostStall did not fire on VictoriaMetrics (known limit)")
+    """The job's first stall comes about 14 s after its start: on victoria-metrics, whose new
+    series become visible about 10 s after their first sample, the rules' series it needs
+    must be no more than two recorded levels deep (argus_core.rules.recording)."""
+    wait_for(stack, "ArgusHostStall", is_alert("ArgusHostStall", "jit-stall"), timeout=90)
     ranks = {labels["rank"] for _, labels in firing(stack)
              if is_alert("ArgusHostStall", "jit-stall")(labels)}
     assert ranks == {"3"}
@@ -262,10 +258,14 @@ def test_every_dashboard_query_has_data_on_the_live_stack(stack):
     # The regression's ratio needs a baseline window of history behind the recent median
     # (about 80 s of this stack on vmalert, which writes its results back before reading
     # them): wait until it has been there for 20 s, so the range queries see it too.
+    # The degraded link's kernels are flagged by the scorer's rounds (the panel shows the
+    # latest): wait for a round that flags them, as for the ratio.
     deadline = time.monotonic() + 180
-    while not query(stack, "job:argus_iteration_regression:ratio offset 20s"):
-        assert time.monotonic() < deadline, "no regression ratio after 180 s"
-        time.sleep(1)
+    for ready in ("job:argus_iteration_regression:ratio offset 20s",
+                  'argus_kernel_straggler{job="link-degradation"} == 1'):
+        while not query(stack, ready):
+            assert time.monotonic() < deadline, f"no {ready} after 180 s"
+            time.sleep(1)
     outcomes: dict[tuple[str, str], list[check.Outcome]] = {}
     for job in JOBS:
         for axis in ("dp", "tp"):

@@ -53,6 +53,16 @@ them, and the closest causal equivalent where it cannot:
   on every axis, ArgusStragglerRank reads its findings, and ``argus.l2`` records only its small
   statistics (``l2_scorer_group``); the groups' medians and thresholds are read from the
   scorer where they are shown (``group_statistic``).
+
+Recorded rules chain at most two deep (a rule over the exporters' series, then one over
+those) below what an alert reads. On victoria-metrics a rule reads what vmalert wrote back
+only once the store shows it: a sample once it is ``-search.latencyOffset`` old (the scrape
+interval, as the stack starts it), a new series' first sample about 10 s after it arrives,
+whichever is later (``bench/vm_visibility.py``). Each recorded level in between lags an
+alert by that much, and over a new job's series on the stack's fast clock by 10 s a level.
+The job-level references ArgusHostStall compares a rank with are aggregated inside its
+excess rule, and the settled spike ratio repeats the ratio's expression, instead of reading
+further levels.
 """
 
 from __future__ import annotations
@@ -109,6 +119,8 @@ def l1_group(config: RulesConfig) -> dict:
     gpu = select("argus_step_gpu_seconds_total", sel)
     window = "argus_step_window_seconds"
     host = format_duration(config.host_window)
+    spike_ratio = ("job:argus_step_window_seconds:max / job:argus_step_window_seconds:median\n"
+                   f"and on (job) job:argus_steps:min >= {config.judged_steps}")
     return _group("argus.l1", config.evaluation_interval, [
         # The steps since the previous scrape (irate), or the rate window's when no step ended
         # in between: still slow means a level shift, not a spike.
@@ -128,9 +140,7 @@ def l1_group(config: RulesConfig) -> dict:
                 f"max by (job, rank, host, instance) (timestamp({steps}))\n"
                 "or\n"
                 f"rank:argus_steps:last_seen_timestamp > time() - {config.silent_window:g}"),
-        _record("job:argus_iteration_spike:ratio",
-                "job:argus_step_window_seconds:max / job:argus_step_window_seconds:median\n"
-                f"and on (job) job:argus_steps:min >= {config.judged_steps}"),
+        _record("job:argus_iteration_spike:ratio", spike_ratio),
         # The job's own noise: its usual window ratio (a noisy job's rolling window always
         # holds a blip of 2x; a quiet one's stays near 1).
         _record("job:argus_iteration_spike:typical_ratio",
@@ -140,40 +150,35 @@ def l1_group(config: RulesConfig) -> dict:
         # are below `spike_guard` x the rolling median. While a level shift is under way they
         # stay above it, and its first slow steps are not reported as a spike.
         _record("job:argus_iteration_spike:settled_ratio",
-                "job:argus_iteration_spike:ratio\n"
+                f"(\n{indent(spike_ratio)}\n)\n"
                 "unless on (job)\n"
                 f"  job:argus_iteration_seconds:latest >= {config.spike_guard:g} * "
                 "job:argus_step_window_seconds:median"),
         # Host time (wall - GPU) each rank spent over the window, computed once (the two
-        # increases over every rank are this group's costliest reads); its job median is the
-        # reference ArgusHostStall compares one rank with, on this same evaluation.
+        # increases over every rank are this group's costliest reads).
         _record("rank:argus_host_seconds:increase",
                 f"increase({seconds}[{host}]) - increase({gpu}[{host}])"),
-        _record("job:argus_host_seconds:median_increase",
-                "quantile by (job) (0.5, rank:argus_host_seconds:increase)"),
-        _record("job:argus_host_seconds:sum_increase",
-                "sum by (job) (rank:argus_host_seconds:increase)"),
-        _record("job:argus_host_seconds:other_ranks",
-                "count by (job) (rank:argus_host_seconds:increase) - 1"),
         # A rank's extra host time over the lower of two references: the job's median rank
         # and the mean of the other ranks (a pair: its partner, as the core compares pairs;
-        # the median of two ranks is their midpoint and would halve a stall).
+        # the median of two ranks is their midpoint and would halve a stall). The job's
+        # references are aggregated here, not recorded apart (see the module doc).
         _record("rank:argus_host_seconds:excess_increase",
                 "(\n"
-                "  rank:argus_host_seconds:increase\n"
-                "  - on (job) group_left job:argus_host_seconds:median_increase\n"
+                f"  {_HOST}\n"
+                f"  - on (job) group_left quantile by (job) (0.5, {_HOST})\n"
                 ")\n"
                 "> (\n" + _OTHERS + ")\n"
                 "or\n" + _OTHERS),
     ])
 
 
-_OTHERS = ("  rank:argus_host_seconds:increase\n"
+_HOST = "rank:argus_host_seconds:increase"
+_OTHERS = (f"  {_HOST}\n"
            "  - (\n"
-           "    job:argus_host_seconds:sum_increase\n"
-           "    - on (job) group_right rank:argus_host_seconds:increase\n"
+           f"    sum by (job) ({_HOST})\n"
+           f"    - on (job) group_right {_HOST}\n"
            "  )\n"
-           "  / on (job) group_left job:argus_host_seconds:other_ranks\n")
+           f"  / on (job) group_left () (count by (job) ({_HOST}) - 1)\n")
 
 
 def l1_trend_group(config: RulesConfig) -> dict:

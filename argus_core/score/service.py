@@ -441,8 +441,8 @@ def fetched_ahead(jobs: list[str], fetch: Callable[[str], JobSnapshot], ahead: i
     thread), at most ``ahead`` beyond the one being judged, so that fetching (mostly waiting
     on the engine and decoding) and judging overlap. On leaving, the thread is told to stop
     and joined: a fetch under way ends within its deadline, or at once when ``stop()`` closed
-    the connection."""
-    if ahead < 1:
+    the connection. A round of one job (or none) has nothing to overlap: no thread."""
+    if ahead < 1 or len(jobs) < 2:
         yield ((job, *_attempt(fetch, job)) for job in jobs)
         return
     ready: queue.Queue = queue.Queue(maxsize=ahead)

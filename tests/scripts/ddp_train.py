@@ -17,6 +17,7 @@ seconds, from step ARGUS_TEST_FROM on, of kind ARGUS_TEST_FAULT:
   at step ARGUS_TEST_FROM.
 """
 
+import gc
 import os
 import random
 import subprocess
@@ -93,6 +94,11 @@ for step in range(1 << 40 if SECONDS else STEPS):
     loss.backward()
     optimizer.step()
     optimizer.zero_grad()
+# nothing may hold the process group past destroy_process_group (DDP's reducer): a group
+# destroyed at interpreter exit can abort the process under load ("terminate called without
+# an active exception")
+model = optimizer = net = loss = None
+gc.collect()
 dist.destroy_process_group()
 if hog is not None:
     hog.kill()
