@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from argus_core.stats.compress import compress, compress_sketch
@@ -18,11 +18,15 @@ def assert_same_clusters(a, b):
         np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
     for field in ("sum_ns", "min_ns", "max_ns"):
         np.testing.assert_allclose(getattr(a, field), getattr(b, field), rtol=1e-9)
-    for field in ("p50_ns", "p99_ns"):  # interpolated within one fine bin of ln(duration)
-        assert np.all(np.abs(np.log(getattr(a, field) / getattr(b, field))) <= BIN_WIDTH)
+    # Each quantile lies within the fine bin of the sample it interpolates; a logarithm rounded
+    # across a bin edge may put that sample one bin over: two estimates are within two bins.
+    for field in ("p50_ns", "p99_ns"):
+        assert np.all(np.abs(np.log(getattr(a, field) / getattr(b, field))) <= 2 * BIN_WIDTH)
 
 
 @settings(max_examples=40, deadline=None)
+@example(rows=[(0, 3332), (0, 3333)], cuts=[])  # float32 and float64 logs of 3332 bin apart
+@example(rows=[(0, 0), (0, 3332), (0, 3339)], cuts=[])
 @given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 10**9)), min_size=1, max_size=300),
        st.lists(st.integers(0, 300), max_size=6))
 def test_batch_by_batch_equals_all_at_once(rows, cuts):
@@ -78,3 +82,26 @@ def test_bad_batches_are_refused_by_name():
         sketch.add(np.array([-1]), np.ones(1))
     sketch.add(np.zeros(0, dtype=np.int64), np.zeros(0), n_groups=3)
     assert sketch.n_groups == 3 and len(compress_sketch(sketch)) == 0
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 10**9), min_size=1, max_size=200))
+def test_a_single_cluster_keeps_the_exact_extremes(durations):
+    """Minimum and maximum are the measured ones, whatever bin a rounded logarithm picks."""
+    dur = np.array(durations, dtype=np.int64)
+    for table in (compress(np.zeros(len(dur), dtype=np.int64), dur),
+                  compress_sketch(_sketch_of(dur))):
+        assert table.min_ns[0] == dur.min() and table.max_ns[-1] == dur.max()
+
+
+def test_an_empty_table_compresses_to_no_clusters():
+    """No events, or groups declared and left empty: no rows, no error."""
+    assert len(compress(np.zeros(0, dtype=np.int64), np.zeros(0))) == 0
+    assert len(compress(np.zeros(0, dtype=np.int64), np.zeros(0), n_groups=3)) == 0
+    assert len(compress_sketch(DurationSketch())) == 0
+
+
+def _sketch_of(dur: np.ndarray) -> DurationSketch:
+    sketch = DurationSketch()
+    sketch.add(np.zeros(len(dur), dtype=np.int64), dur)
+    return sketch

@@ -104,6 +104,12 @@ def compress_sketch(sketch: DurationSketch | BatchSketch, config: CompressionCon
     e_group, e_bin, e_count = sketch.occupied()
     e_lo = np.clip(e_bin * BIN_WIDTH, lo[e_group], hi[e_group])  # each bin's span, clamped
     e_hi = np.clip((e_bin + 1) * BIN_WIDTH, lo[e_group], hi[e_group])  # to the exact extremes
+    # A group's first and last bins start and end at its extremes, even where a logarithm
+    # rounded across a bin edge put an extreme one bin off (the extremes stay exact).
+    first = group_starts(e_group)
+    last = np.append(first[1:], len(e_group))[: len(first)] - 1
+    e_lo[first] = lo[e_group[first]]
+    e_hi[last] = hi[e_group[last]]
     cell = np.clip(((0.5 * (e_lo + e_hi) - origin[e_group]) / step[e_group]).astype(np.int64),
                    0, grid - 1)
     flat_cell = e_group * grid + cell
@@ -255,6 +261,10 @@ def _summarise(sketch: DurationSketch | BatchSketch, bins: _Bins,
         within = np.clip((target - cumulative[j]) / np.maximum(bins.count[j], 1), 0.0, 1.0)
         log_q = bins.lo[j] + within * (bins.hi[j] - bins.lo[j])
         quantiles.append(np.exp(np.clip(log_q, lo, hi)))
+    # A group's outer clusters take its measured extremes (exp(ln(x)) is not always x).
+    min_ns = np.where(c_index == 0, sketch.min_ns[c_group], np.exp(lo))
+    max_ns = np.where(c_index == n_clusters[c_group] - 1, sketch.max_ns[c_group], np.exp(hi))
     return ClusterTable(
         group=c_group, cluster=c_index.astype(np.int16), count=count, sum_ns=sums,
-        min_ns=np.exp(lo), max_ns=np.exp(hi), p50_ns=quantiles[0], p99_ns=quantiles[1])
+        min_ns=min_ns, max_ns=max_ns, p50_ns=np.clip(quantiles[0], min_ns, max_ns),
+        p99_ns=np.clip(quantiles[1], min_ns, max_ns))

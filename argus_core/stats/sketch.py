@@ -208,7 +208,8 @@ class BatchSketch:
             first = np.flatnonzero(np.r_[True, owner[1:] != owner[:-1]])
             self.min_ns[owner[first]] = dur[first]
             self.max_ns[owner[first]] = dur[np.r_[first[1:], len(dur)] - 1]
-        run = np.flatnonzero(np.r_[True, (owner[1:] != owner[:-1]) | (fine[1:] != fine[:-1])])
+        run = np.flatnonzero(np.r_[len(owner) > 0,
+                                   (owner[1:] != owner[:-1]) | (fine[1:] != fine[:-1])])
         self._occupied = (owner[run], fine[run],
                           np.diff(np.r_[run, len(owner)]).astype(np.int64))
 
