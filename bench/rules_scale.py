@@ -244,8 +244,10 @@ def kernel_exposition(ranks: int, kernels: int, targets: int) -> list[bytes]:
     return parts
 
 
-def query(url: str, expr: str, timeout: float = 120) -> tuple[list[dict], float]:
-    body = urllib.parse.urlencode({"query": expr}).encode()
+def query(url: str, expr: str, timeout: float = 120, params: dict[str, str] | None = None,
+          ) -> tuple[list[dict], float]:
+    """An instant query's result and its wall time in seconds."""
+    body = urllib.parse.urlencode({"query": expr, **(params or {})}).encode()
     t0 = time.perf_counter()
     with urllib.request.urlopen(f"{url}/api/v1/query", data=body, timeout=timeout) as r:
         data = orjson.loads(r.read())
@@ -277,6 +279,23 @@ def rule_times(url: str) -> dict[str, float]:
             name = f"{group['name']}/{rule['name']}" + (f"{{{axis}}}" if axis else "")
             timed[name] = float(rule.get("evaluationTime", 0.0))
     return timed
+
+
+def expression_times(url: str, groups: list[dict], rounds: int = 3) -> dict[str, float]:
+    """Each rule's expression run as an instant query against the store, by
+    ``group/name{axis}``: median seconds over ``rounds`` (the store's result cache bypassed
+    with ``nocache=1``, which Prometheus ignores). What a rule costs the query engine on either
+    engine alike, where vmalert reports no rule's own time; the write-back is not in it."""
+    timed: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for group in groups:
+            for rule in group["rules"]:
+                axis = (rule.get("labels") or {}).get("axis")
+                name = (f"{group['name']}/{rule.get('record') or rule['alert']}"
+                        + (f"{{{axis}}}" if axis else ""))
+                _, seconds = query(url, rule["expr"], params={"nocache": "1"})
+                timed.setdefault(name, []).append(seconds)
+    return {name: float(np.median(seconds)) for name, seconds in timed.items()}
 
 
 def slowest_rules(samples: list[dict[str, float]], top: int = 12) -> list[str]:

@@ -16,7 +16,10 @@ each group's evaluation time from the engine's own metrics (Prometheus'
 ``vmalert_iteration_duration_seconds`` sum and count, differenced), on Prometheus each rule's
 (``/api/v1/rules``' ``evaluationTime``: ``slowest_rules``, medians over the samples; vmalert
 1.79's field is not the rule's own time: it reads alike for every rule of a group, and larger
-than the group's whole evaluation), the engine's series, samples ingested per second and the
+than the group's whole evaluation); on both engines each rule's expression run as an instant
+query against the store after the sampling (``slowest_expressions``, medians of three,
+``expression_seconds_total`` their sum: the query engine's part, without the write-back), the
+engine's series, samples ingested per second and the
 summed RSS of its processes. Then the scorer's real fetch of the job as the stack's scorer
 reads it (the query API on Prometheus; on victoria-metrics the kernel summaries exported,
 ``--read export``) plus its judgement (``scorer_round_seconds``), and, engine-free, the decode
@@ -45,6 +48,7 @@ from _report import report
 from prometheus_client.parser import text_string_to_metric_families
 from rules_scale import (
     SyntheticCluster,
+    expression_times,
     group_intervals,
     kernel_exposition,
     query,
@@ -208,6 +212,7 @@ def run_engine(engine: str, args, cluster_port: int, rules: RulesConfig) -> dict
                 rates.append((now["ingested"] - probe.last["ingested"]) / (t - previous_t))
             probe.last, previous_t = now, t
         missed_total = probe.sample()["missed"]
+        by_expression = expression_times(url, [*recording_groups(rules), *alert_groups(rules)])
         api = PrometheusAPI(url, timeout_s=300, max_answer_bytes=4 << 30)
         t0 = time.perf_counter()
         # as the stack's scorer reads on this engine (engines.scorer_flags)
@@ -231,6 +236,8 @@ def run_engine(engine: str, args, cluster_port: int, rules: RulesConfig) -> dict
             "rule_eval_seconds_by_group": {g: round(d, 3) for g, d in
                                            sorted(last_groups.items(), key=lambda kv: -kv[1])},
             "slowest_rules": slowest_rules(per_rule, top=8),
+            "slowest_expressions": slowest_rules([by_expression], top=10),
+            "expression_seconds_total": sum(by_expression.values()),
             "evaluations_sampled": len(sums),
             "missed_iterations": missed_total - (missed_warm or 0.0),
             "missed_iterations_with_start": missed_total,

@@ -6,17 +6,15 @@ series' last sample kept; bad exports named by row; the answer bound held."""
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
-import orjson
 import pytest
 from prom_support import Prometheus
-from support import free_port, wait_for
+from support import wait_for
+from vm_support import import_series, victoria_metrics
 
 from argus_core.score.csv_columns import MAX_ROW_BYTES, CsvColumns, CsvError
 from argus_core.score.prometheus import (
@@ -31,7 +29,6 @@ from argus_core.score.prometheus import (
 )
 from argus_core.score.snapshot import SUMMARY_INTS, SUMMARY_TEXTS, fetch_summaries
 from argus_core.score.vector_columns import VectorColumns
-from argus_core.stack.processes import start, wait_ready
 
 # Kernel names as profilers report them, and the worst a label can hold.
 AWKWARD = ['void at::native::elementwise_kernel<128, 4, at::native::{lambda(int)#1}>(int)',
@@ -130,18 +127,7 @@ def test_a_bad_export_is_named_by_its_row(data, message):
 
 @pytest.fixture(scope="module")
 def victoria(tmp_path_factory):
-    binary = shutil.which("victoria-metrics")
-    if binary is None:
-        pytest.skip("victoria-metrics is not installed (apt-get install victoria-metrics)")
-    workdir = tmp_path_factory.mktemp("vm")
-    url = f"http://127.0.0.1:{free_port()}"
-    process = start("victoria-metrics", [
-        binary, f"-httpListenAddr={url[7:]}", f"-storageDataPath={workdir / 'data'}",
-        "-retentionPeriod=1d", "-search.latencyOffset=1s",
-        # the imported samples stay the latest however long the tests take to get there
-        "-search.maxStalenessInterval=1h"], workdir / "logs")
-    try:
-        wait_ready(process, url + "/health", timeout=120)
+    with victoria_metrics(tmp_path_factory.mktemp("vm")) as url:
         now_ms = int(time.time() * 1000)
         lines = []
         for rank in range(12):
@@ -160,20 +146,13 @@ def victoria(tmp_path_factory):
                                                  "quantile": q, **labels},
                                       "values": [seconds / 2, seconds],
                                       "timestamps": stamps})
-        body = b"\n".join(map(orjson.dumps, lines)) + b"\n"
-        with urllib.request.urlopen(urllib.request.Request(url + "/api/v1/import", data=body),
-                                    timeout=60) as answer:
-            answer.read()
-        with urllib.request.urlopen(url + "/internal/force_flush", timeout=60) as answer:
-            answer.read()
+        import_series(url, lines)
         api = PrometheusAPI(url, timeout_s=60)
         deadline = time.monotonic() + 120
         while len(api.query(f'argus_kernel_executions{{job="{JOB}"}}')) < len(lines) // 3:
             assert time.monotonic() < deadline, "the imported series never became searchable"
             time.sleep(0.2)
         yield url
-    finally:
-        process.stop(60)
 
 
 def as_rows(columns, texts) -> set:

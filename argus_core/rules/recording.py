@@ -160,25 +160,26 @@ def l1_group(config: RulesConfig) -> dict:
                 f"increase({seconds}[{host}]) - increase({gpu}[{host}])"),
         # A rank's extra host time over the lower of two references: the job's median rank
         # and the mean of the other ranks (a pair: its partner, as the core compares pairs;
-        # the median of two ranks is their midpoint and would halve a stall). The job's
-        # references are aggregated here, not recorded apart (see the module doc).
+        # the median of two ranks is their midpoint and would halve a stall). Over the mean
+        # of the n - 1 others, x - (sum - x) / (n - 1) = (x - mean) / (1 - 1/n). The two
+        # excesses are told apart by a `reference` label and the larger kept: five reads of
+        # the ranks' host time where `a > b or b` took ten. The job's references are
+        # aggregated here, not recorded apart (see the module doc). A one-rank job: 0.
         _record("rank:argus_host_seconds:excess_increase",
-                "(\n"
+                "max without (reference) (\n"
                 f"  {_HOST}\n"
                 f"  - on (job) group_left quantile by (job) (0.5, {_HOST})\n"
-                ")\n"
-                "> (\n" + _OTHERS + ")\n"
-                "or\n" + _OTHERS),
+                "  or\n"
+                "  label_replace(\n"
+                f"    ({_HOST} - on (job) group_left avg by (job) ({_HOST}))\n"
+                f"    / on (job) group_left () (1 - 1 / count by (job) ({_HOST})),\n"
+                '    "reference", "others", "", ""\n'
+                "  )\n"
+                ")"),
     ])
 
 
 _HOST = "rank:argus_host_seconds:increase"
-_OTHERS = (f"  {_HOST}\n"
-           "  - (\n"
-           f"    sum by (job) ({_HOST})\n"
-           f"    - on (job) group_right {_HOST}\n"
-           "  )\n"
-           f"  / on (job) group_left () (count by (job) ({_HOST}) - 1)\n")
 
 
 def l1_trend_group(config: RulesConfig) -> dict:

@@ -224,9 +224,41 @@ def l1_recording_tests(config: RulesConfig) -> list[dict]:
                                "exp_samples": [{
                                    "labels": 'job:argus_iteration_spike:ratio{job="spiky"}',
                                    "value": (steps.step_s + spike) / steps.step_s}]}]))
+    tests.append(host_excess_test(config))
     young = Steps(config, 4, start_steps=0)
     tests.append(unit_test(config, "L1 spike ratio: not judged during warm-up",
                        young.series(rank_labels(config, "young", 0), stall={2: spike}),
                        exprs=[{"expr": "job:argus_iteration_spike:ratio",
                                "eval_time": at_time(config, 3), "exp_samples": []}]))
     return tests
+
+
+HOST_EXCESS_JOBS = {"solo": [5.0], "pair": [1.0, 4.0], "four": [1.0, 1.0, 2.0, 10.0]}
+
+
+def host_excess_cases() -> list[tuple[str, int, float, float]]:
+    """(job, rank, host seconds, expected excess) for jobs of one, two and four ranks: a
+    rank's host time over the lower of the job's median rank and the mean of the other ranks
+    (a pair: the partner); a one-rank job's excess is 0."""
+    cases = []
+    for job, host_s in HOST_EXCESS_JOBS.items():
+        for rank, x in enumerate(host_s):
+            others = [y for r, y in enumerate(host_s) if r != rank]
+            excess = (max(x - quantile(0.5, host_s), x - sum(others) / len(others)) if others
+                      else 0.0)
+            cases.append((job, rank, x, excess))
+    return cases
+
+
+def host_excess_test(config: RulesConfig) -> dict:
+    """ArgusHostStall's excess over the host-time references (``host_excess_cases``)."""
+    series, exprs = [], []
+    at = format_duration(2 * config.evaluation_interval)
+    for job, rank, x, excess in host_excess_cases():
+        labels = rank_labels(config, job, rank)
+        series.append(Series("rank:argus_host_seconds:increase", labels, [x] * 3))
+        selector = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        exprs.append(close_to(f"rank:argus_host_seconds:excess_increase{{{selector}}}",
+                              f"{{{selector}}}", excess, at))
+    return unit_test(config, "ArgusHostStall's excess: over the median rank or the mean of the "
+                     "others, whichever is lower (a pair: the partner)", series, exprs=exprs)
