@@ -39,7 +39,8 @@ def alert_groups(config: RulesConfig) -> list[dict]:
                 ("argus.alerts.l1", fast, l1_alerts(config)),
                 ("argus.alerts.l2", slow, l2_alerts(config)),  # reads the L2 groups' records
                 ("argus.alerts.l3", fast, l3_alerts(config)),
-                ("argus.alerts.pipeline", fast, pipeline_alerts(config)),
+                # minutes of `for` on every pipeline alert: a finer refresh buys nothing
+                ("argus.alerts.pipeline", slow, pipeline_alerts(config)),
             )]
 
 

@@ -99,10 +99,12 @@ class RulesConfig:
 
     # -- timing -----------------------------------------------------------------------------
     evaluation_interval: float = _duration("evaluation interval of the groups that watch every "
-                                           "step (L1 spikes, host stalls, alerts)", 15)
+                                           "step (L1 spikes, host stalls, the L1 and L3 "
+                                           "alerts)", 15)
     slow_interval: float = _duration("evaluation interval of the groups whose inputs change "
                                      "slowly: L2 group statistics (medians of 32 steps), the "
-                                     "regression's medians over minutes, pipeline rates", 60)
+                                     "regression's medians over minutes, pipeline rates and "
+                                     "alerts", 60)
     scrape_interval: float = _duration("scrape interval of the exporters (the local stack's "
                                        "Prometheus uses it)", 15)
     rate_window: float = _duration("window of the per-rank mean step time from counters", 120)

@@ -132,14 +132,6 @@ def l1_group(config: RulesConfig) -> dict:
         _record("job:argus_step_window_seconds:median",
                 f"max by (job) ({select(window, STAT_MEDIAN, sel)})"),
         _record("job:argus_steps:min", f"min by (job) ({steps})"),
-        # When each rank last reported (the scrape's timestamp), kept by reading this series'
-        # own previous value once the rank's counter is gone, for `silent_window`: what
-        # ArgusExporterDown compares the live counters with. One instant read of every rank
-        # instead of a `last_over_time` over `silent_window` of samples (240 a rank at 15 s).
-        _record("rank:argus_steps:last_seen_timestamp",
-                f"max by (job, rank, host, instance) (timestamp({steps}))\n"
-                "or\n"
-                f"rank:argus_steps:last_seen_timestamp > time() - {config.silent_window:g}"),
         _record("job:argus_iteration_spike:ratio", spike_ratio),
         # The job's own noise: its usual window ratio (a noisy job's rolling window always
         # holds a blip of 2x; a quiet one's stays near 1).
@@ -421,11 +413,21 @@ def _sum(by: str, *parts: tuple[str, str]) -> str:
 
 
 def pipeline_group(config: RulesConfig) -> dict:
-    """Exporter drops and queues, processor intake (records, kernel events, late drops) and
-    uploads, scorer freshness."""
+    """When each rank last reported, exporter drops and queues, processor intake (records,
+    kernel events, late drops) and uploads, scorer freshness."""
     sel = config.selectors
     window = format_duration(max(config.rate_window, 4 * config.scrape_interval))
+    steps = select("argus_steps_total", sel.exporters)
     return _group("argus.pipeline", config.slow_interval, [
+        # When each rank last reported (the scrape's timestamp), kept by reading this series'
+        # own previous value once the rank's counter is gone, for `silent_window`: what
+        # ArgusExporterDown compares the live counters with. One instant read of every rank
+        # instead of a `last_over_time` over `silent_window` of samples (240 a rank at 15 s),
+        # every `slow_interval` (the alert waits `for_exporter_down`, minutes, anyway).
+        _record("rank:argus_steps:last_seen_timestamp",
+                f"max by (job, rank, host, instance) (timestamp({steps}))\n"
+                "or\n"
+                f"rank:argus_steps:last_seen_timestamp > time() - {config.silent_window:g}"),
         _record("job:argus_exporter_dropped_records:rate",
                 "sum by (job, reason) (rate("
                 f"{select('argus_exporter_dropped_records_total', sel.exporters)}[{window}]))"),
