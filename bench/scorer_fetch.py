@@ -2,7 +2,8 @@
 each peer set selected by its ranks (the scorer's way) against the baseline of a join with
 ``argus_rank_info`` (measured in the same run, on the same store).
 
-    python bench/scorer_fetch.py [--ranks 2000] [--kernels 100] [--json]
+    python bench/scorer_fetch.py [--ranks 2000] [--kernels 100] [--with-exporters]
+                                 [--rounds-only] [--json]
 
 victoria-metrics is started as ``argus stack up --engine victoriametrics`` starts it; the
 processors' kernel-summary exposition (``rules_scale.kernel_exposition``: 2 clusters per
@@ -14,7 +15,10 @@ core scores) and one shard's of five (``--split peer-set``); each also read thro
 victoria-metrics' export (``--read export``: ``/api/v1/export/csv``, decoded as it streams),
 against the query in the same run, and checked to give the same summaries. Last, whole
 scorer rounds (list, fetch, decode, judge) with each ``--read``, by one scorer and by one
-shard of five.
+shard of five. ``--with-exporters``: every rank's exporter series (``rules_scale.SyntheticCluster``:
+what ``StepMetrics`` serves, the slow rank's mlp phase 2x) are imported too, so that the rounds
+read and judge L2 beside L3, as the stack's scorer does; ``--rounds-only``: the whole rounds
+alone.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 from _report import report
-from rules_scale import kernel_exposition, slow_rank, topology_for
+from rules_scale import SyntheticCluster, kernel_exposition, slow_rank, topology_for
 
 from argus_core.schema import AXES
 from argus_core.score.prometheus import PrometheusAPI
@@ -86,8 +90,8 @@ def same_rows(a: KernelSummary, b: KernelSummary) -> bool:
 
 def scorer_rounds(url: str, ranks: int) -> dict:
     """One whole scorer round (``Scorer.run_round``: list, fetch, decode, judge) of the job
-    by one scorer and by shard 0 of five (``--split peer-set``), with each ``--read``; the
-    store holds kernel summaries and ``argus_rank_info`` only (no exporter series: L3)."""
+    by one scorer and by shard 0 of five (``--split peer-set``), with each ``--read``: L3,
+    and L2 where the store holds the exporters' series too."""
     out = {}
     for read in READS:
         for shards in (1, 5):
@@ -142,75 +146,91 @@ def timed(call) -> tuple[object, float]:
     return out, time.perf_counter() - t0
 
 
+def fetch_comparisons(api: PrometheusAPI, url: str, args) -> dict:
+    """One peer set by a join, by its ranks and exported; the whole job's and one shard's
+    fetch queried and exported (the same rows checked); then the whole rounds."""
+    coords = rank_coords(api.query(f'argus_rank_info{{job="{JOB}"}}'))
+    match = f'job="{JOB}"'
+    ranks = sorted(r for r, c in coords.items() if c[AXES.index("pp")] == 0)
+    join = f'\nand on (job, rank) argus_rank_info{{{match},pp="0"}}'
+    by_ranks = f'{match},rank=~"{ranks_regex(ranks)}"'
+
+    def peer_set(selector: str, where: str) -> int:
+        executions = api.query_columns(f"argus_kernel_executions{{{selector}}}{where}",
+                                       SUMMARY_INTS, ("kernel",))
+        durations = api.query_columns(f"argus_kernel_duration_seconds{{{selector}}}{where}",
+                                      SUMMARY_INTS, SUMMARY_TEXTS)
+        return len(executions) + len(durations)
+
+    def exported(selector: str) -> int:
+        executions = api.export_columns(f"argus_kernel_executions{{{selector}}}",
+                                        LOOKBACK_S, SUMMARY_INTS, ("kernel",))
+        durations = api.export_columns(f"argus_kernel_duration_seconds{{{selector}}}",
+                                       LOOKBACK_S, SUMMARY_INTS, SUMMARY_TEXTS)
+        return len(executions) + len(durations)
+
+    joined_n, joined_s = timed(lambda: peer_set(match, join))
+    ranked_n, ranked_s = timed(lambda: peer_set(by_ranks, ""))
+    export_n, export_s = timed(lambda: exported(by_ranks))
+    window_ns = 60 * 10**9
+    fetches = {}
+    for read, lookback in (("query", None), ("export", LOOKBACK_S)):
+        fetches[read] = [timed(lambda lookback=lookback, owns=owns: fetch_summaries(
+            api, match, coords, "pp", window_ns, owns, export_lookback_s=lookback))
+            for owns in (None, lambda p: p % 5 == 0)]
+    (whole, _, _), whole_s = fetches["query"][0]
+    (shard, _, _), shard_s = fetches["query"][1]
+    (whole_e, _, _), whole_export_s = fetches["export"][0]
+    (shard_e, _, _), shard_export_s = fetches["export"][1]
+    return {
+        "peer_set_series": ranked_n,
+        "baseline_peer_set_fetch_seconds": joined_s,
+        "peer_set_fetch_seconds": ranked_s,
+        "peer_set_fetch_ratio_to_baseline": ranked_s / joined_s,
+        "peer_sets_agree": joined_n == ranked_n,
+        "job_fetch_seconds": whole_s, "job_summary_rows": len(whole.rank),
+        # every cluster of every rank fetched (2 clusters a kernel), a fifth by the shard
+        "complete": (len(whole.rank) == args.ranks * args.kernels * 2
+                     and len(shard.rank) == args.ranks // 5 * args.kernels * 2),
+        "job_series_per_second": 3 * len(whole.rank) / whole_s,
+        "shard_of_5_fetch_seconds": shard_s, "shard_summary_rows": len(shard.rank),
+        "peer_set_export_seconds": export_s,
+        "peer_set_export_ratio_to_query": export_s / ranked_s,
+        "peer_set_export_agrees": export_n == ranked_n,
+        "job_export_seconds": whole_export_s,
+        "job_export_ratio_to_query": whole_export_s / whole_s,
+        "shard_of_5_export_seconds": shard_export_s,
+        "shard_of_5_export_ratio_to_query": shard_export_s / shard_s,
+        "exported_summaries_agree": same_rows(whole, whole_e) and same_rows(shard, shard_e),
+        **scorer_rounds(url, args.ranks),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=2_000)
     parser.add_argument("--kernels", type=int, default=100)
+    parser.add_argument("--with-exporters", action="store_true",
+                        help="import every rank's exporter series too (the rounds judge L2)")
+    parser.add_argument("--rounds-only", action="store_true",
+                        help="measure the whole scorer rounds alone")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="argus-scorer-fetch-"))
     process, url = start_store(workdir)
     try:
         parts = [*kernel_exposition(args.ranks, args.kernels, 10), rank_info(args.ranks)]
+        if args.with_exporters:
+            cluster = SyntheticCluster(args.ranks, 10, [])
+            parts += [cluster.render(target) for target in range(10)]
         load_s = load(url, parts, int(time.time()))
         api = PrometheusAPI(url, timeout_s=600, max_answer_bytes=4 << 30)
         wait_searchable(api, JOB, args.ranks)
-        coords = rank_coords(api.query(f'argus_rank_info{{job="{JOB}"}}'))
-        match = f'job="{JOB}"'
-        ranks = sorted(r for r, c in coords.items() if c[AXES.index("pp")] == 0)
-        join = f'\nand on (job, rank) argus_rank_info{{{match},pp="0"}}'
-        by_ranks = f'{match},rank=~"{ranks_regex(ranks)}"'
-
-        def peer_set(selector: str, where: str) -> int:
-            executions = api.query_columns(f"argus_kernel_executions{{{selector}}}{where}",
-                                           SUMMARY_INTS, ("kernel",))
-            durations = api.query_columns(f"argus_kernel_duration_seconds{{{selector}}}{where}",
-                                          SUMMARY_INTS, SUMMARY_TEXTS)
-            return len(executions) + len(durations)
-
-        def exported(selector: str) -> int:
-            executions = api.export_columns(f"argus_kernel_executions{{{selector}}}",
-                                            LOOKBACK_S, SUMMARY_INTS, ("kernel",))
-            durations = api.export_columns(f"argus_kernel_duration_seconds{{{selector}}}",
-                                           LOOKBACK_S, SUMMARY_INTS, SUMMARY_TEXTS)
-            return len(executions) + len(durations)
-
-        joined_n, joined_s = timed(lambda: peer_set(match, join))
-        ranked_n, ranked_s = timed(lambda: peer_set(by_ranks, ""))
-        export_n, export_s = timed(lambda: exported(by_ranks))
-        window_ns = 60 * 10**9
-        fetches = {}
-        for read, lookback in (("query", None), ("export", LOOKBACK_S)):
-            fetches[read] = [timed(lambda lookback=lookback, owns=owns: fetch_summaries(
-                api, match, coords, "pp", window_ns, owns, export_lookback_s=lookback))
-                for owns in (None, lambda p: p % 5 == 0)]
-        (whole, _, _), whole_s = fetches["query"][0]
-        (shard, _, _), shard_s = fetches["query"][1]
-        (whole_e, _, _), whole_export_s = fetches["export"][0]
-        (shard_e, _, _), shard_export_s = fetches["export"][1]
-        result = {
-            "ranks": args.ranks, "kernels": args.kernels, "import_seconds": load_s,
-            "peer_set_series": ranked_n,
-            "baseline_peer_set_fetch_seconds": joined_s,
-            "peer_set_fetch_seconds": ranked_s,
-            "peer_set_fetch_ratio_to_baseline": ranked_s / joined_s,
-            "peer_sets_agree": joined_n == ranked_n,
-            "job_fetch_seconds": whole_s, "job_summary_rows": len(whole.rank),
-            # every cluster of every rank fetched (2 clusters a kernel), a fifth by the shard
-            "complete": (len(whole.rank) == args.ranks * args.kernels * 2
-                         and len(shard.rank) == args.ranks // 5 * args.kernels * 2),
-            "job_series_per_second": 3 * len(whole.rank) / whole_s,
-            "shard_of_5_fetch_seconds": shard_s, "shard_summary_rows": len(shard.rank),
-            "peer_set_export_seconds": export_s,
-            "peer_set_export_ratio_to_query": export_s / ranked_s,
-            "peer_set_export_agrees": export_n == ranked_n,
-            "job_export_seconds": whole_export_s,
-            "job_export_ratio_to_query": whole_export_s / whole_s,
-            "shard_of_5_export_seconds": shard_export_s,
-            "shard_of_5_export_ratio_to_query": shard_export_s / shard_s,
-            "exported_summaries_agree": same_rows(whole, whole_e) and same_rows(shard, shard_e),
-            **scorer_rounds(url, args.ranks),
-        }
+        base = {"ranks": args.ranks, "kernels": args.kernels, "import_seconds": load_s,
+                "with_exporters": args.with_exporters,
+                "store_series": int(api.query("count({__name__!=\"\"})")[0]["value"][1])}
+        result = {**base, **(scorer_rounds(url, args.ranks) if args.rounds_only
+                             else fetch_comparisons(api, url, args))}
     finally:
         process.stop(60)
         shutil.rmtree(workdir, ignore_errors=True)

@@ -1,7 +1,8 @@
 """``bench/scorer_fetch.py`` on a small job: the scorer's peer-set selection by ranks reads the
 same series as the join it replaces, from a real victoria-metrics, the whole job's fetch
 decodes every rank's summaries, the export (``--read export``) gives the same summaries as
-the query, and whole scorer rounds either way find the slow rank. ``bench/scorer_overlap.py``
+the query, and whole scorer rounds either way find the slow rank, also with every rank's
+exporter series in the store (L2 beside L3). ``bench/scorer_overlap.py``
 on a few small jobs: its rounds with and without fetching ahead agree. ``bench/vm_visibility.py``
 times what the store shows of a new series and of a new sample."""
 
@@ -62,3 +63,17 @@ def test_the_visibility_benchmark_times_a_new_series_and_a_new_sample():
     refused = subprocess.run([sys.executable, str(bench), "--series", "0"],
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and "--series" in refused.stderr
+
+
+def test_the_fetch_benchmarks_rounds_judge_l2_beside_l3_with_the_exporters_series():
+    """``--with-exporters --rounds-only``: the store holds every rank's exporter series too;
+    whole rounds either way find the slow rank (its mlp phase and its kernel)."""
+    done = subprocess.run([sys.executable, str(BENCH), "--ranks", "80", "--kernels", "3",
+                           "--with-exporters", "--rounds-only", "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["with_exporters"] and result["store_series"] > 80 * 3 * 2 * 3
+    for read in ("query", "export"):
+        assert result[f"{read}_one_scorer_verdicts"] == [f"{result['slow_rank']}:compute"]
+        assert result[f"{read}_shard_of_5_round_seconds"] is not None
