@@ -31,7 +31,7 @@ class Health:
     def drop(self, reason: str, n: int = 1) -> None:
         """Count ``n`` records dropped for ``reason`` (queue_full, sink_error, spool_full...)."""
         with self._lock:
-            first = reason not in self.dropped
+            first = n > 0 and self.dropped[reason] == 0  # the first record dropped for it
             self.dropped[reason] += n
         if first:
             logger.warning("argus: dropping records (%s); counted in "

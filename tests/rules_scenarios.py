@@ -227,7 +227,7 @@ def scorer_series(series: list[Series], rules: RulesConfig) -> list[Series]:
     from argus_core.detect.l2 import L2Config
     from argus_core.rules.config import L2_PROMQL
     from argus_core.score.core_adapter import all_findings, beyond_promql, judge_phases
-    from argus_core.score.snapshot import phase_table
+    from argus_core.score.snapshot import phase_table_of_results
     from argus_core.taxonomy import is_comm_phase
 
     wanted = {("argus_phase_window_seconds", stat) for stat in ("median", "min", "p25", "p75")}
@@ -243,13 +243,14 @@ def scorer_series(series: list[Series], rules: RulesConfig) -> list[Series]:
                     if s.name == name and s.labels.get("stat") == stat
                     and s.values[k] is not None]
 
-        table = phase_table(answer("argus_phase_window_seconds", "median"),
-                            answer("argus_step_window_seconds", "median"),
-                            answer("argus_phase_order_info", None),
-                            [m for m in answer("argus_phase_window_seconds", "min")
-                             if is_comm_phase(m["metric"]["phase"])],
-                            answer("argus_phase_window_seconds", "p25")
-                            + answer("argus_phase_window_seconds", "p75"))
+        table = phase_table_of_results(
+            answer("argus_phase_window_seconds", "median"),
+            answer("argus_step_window_seconds", "median"),
+            answer("argus_phase_order_info", None),
+            [m for m in answer("argus_phase_window_seconds", "min")
+             if is_comm_phase(m["metric"]["phase"])],
+            answer("argus_phase_window_seconds", "p25")
+            + answer("argus_phase_window_seconds", "p75"))
         found = {}
         if table is not None and len(table.ranks) >= 2:
             job = inputs[0].labels["job"]

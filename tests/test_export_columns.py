@@ -2,7 +2,8 @@
 (``PrometheusAPI.export_columns``, ``score/csv_columns.py``): against a real victoria-metrics,
 the same series and values as the instant query it replaces, whatever the kernel names hold;
 the same summary table through ``fetch_summaries``; every block boundary decoded alike; each
-series' last sample kept; bad exports named by row; the answer bound held."""
+series' last sample kept; bad exports named by row; the answer bound held; a whole job's
+phase table exported as it is queried."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from argus_core.score.prometheus import (
     PrometheusAPI,
     QueryError,
 )
-from argus_core.score.snapshot import SUMMARY_INTS, SUMMARY_TEXTS, fetch_summaries
+from argus_core.score.snapshot import SUMMARY_INTS, SUMMARY_TEXTS, fetch_job, fetch_summaries
 from argus_core.score.vector_columns import VectorColumns
 
 # Kernel names as profilers report them, and the worst a label can hold.
@@ -395,3 +396,48 @@ def test_the_lookback_is_the_engines_clock_not_the_scorers(victoria, monkeypatch
     api = PrometheusAPI(victoria, timeout_s=60)
     assert len(api.export_columns(f'argus_kernel_executions{{job="{JOB}"}}', LOOKBACK_S,
                                   SUMMARY_INTS, ("kernel",))) == 12 * len(AWKWARD) * 2
+
+
+def test_a_job_exported_gives_the_phase_table_the_query_gives(victoria):
+    """``fetch_job`` with ``--read export`` reads the ranks' phase, step and CPU-wait windows
+    through the export: the same phase table (medians, order, coordinates, hosts, step
+    times, collectives' minimums, noise), CPU waits and clock as the instant queries."""
+    job, now_ms = "phases-test", int(time.time() * 1000)
+    phases = ("attention", "mlp", "dp-allreduce")
+    lines = []
+
+    def add(name: str, labels: dict, value: float) -> None:
+        lines.append({"metric": {"__name__": name, "job": job, **labels},
+                      "values": [value / 2, value], "timestamps": [now_ms - 20_000,
+                                                                   now_ms - 5_000]})
+
+    for rank in range(6):
+        ident = {"rank": str(rank), "host": f"node-{rank // 2}", "dp": str(rank % 3),
+                 "tp": str(rank // 3), "pp": "0", "ep": "0"}
+        add("argus_rank_info", ident, 1)
+        add("argus_phase_order_info", {"rank": str(rank), "order": ",".join(phases)}, 1)
+        add("argus_phase_clock_info", {"rank": str(rank), "clock": "host"}, 1)
+        add("argus_step_window_seconds", {**ident, "stat": "median"}, 0.1 + rank / 1000)
+        add("argus_step_cpu_wait_window_seconds", {**ident, "stat": "median"}, rank / 1e4)
+        add("argus_steps_total", ident, 100 + rank)
+        for k, phase in enumerate(phases):
+            for stat, scale in (("median", 1.0), ("min", 0.8), ("p25", 0.9), ("p75", 1.2)):
+                add("argus_phase_window_seconds", {**ident, "phase": phase, "stat": stat},
+                    scale * (0.01 * (k + 1) + rank / 1e5) * (3 if rank == 4 and k == 1 else 1))
+    import_series(victoria, lines)
+    api = PrometheusAPI(victoria, timeout_s=60)
+    wait_for(lambda: len(api.query(f'argus_phase_window_seconds{{job="{job}"}}')) == 72,
+             "the imported phase series are searchable", timeout=120)
+    queried = fetch_job(api, job, "", 60.0, "2m")
+    exported = fetch_job(api, job, "", 60.0, "2m", export_lookback_s=LOOKBACK_S)
+    for snapshot in (queried, exported):
+        assert snapshot.phases.names == list(phases) and snapshot.host_clock
+        assert snapshot.phases.values[4, 1] > 2 * snapshot.phases.values[3, 1]
+    a, b = queried.phases, exported.phases
+    np.testing.assert_array_equal(a.ranks, b.ranks)
+    np.testing.assert_array_equal(a.coords, b.coords)
+    assert a.hosts == b.hosts == [f"node-{r // 2}" for r in range(6)]
+    for field in ("values", "wall", "minimum", "noise"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
+    assert np.isfinite(a.minimum[:, 2]).all() and np.isnan(a.minimum[:, :2]).all()
+    assert queried.cpu_wait == exported.cpu_wait and len(queried.cpu_wait) == 6

@@ -617,3 +617,18 @@ def test_step_records_carry_the_training_threads_wait_for_a_cpu(tmp_path):
     trace = load_traces([tmp_path]).traces["job-a"]
     waits = trace.steps.cpu_wait_s
     assert len(waits) == 4 and (waits >= 0).all() and (waits < trace.steps.wall_s).all()
+
+
+def test_dropping_warns_once_per_reason_at_the_first_record_dropped(caplog):
+    """A reason counted with nothing dropped yet (its series shown at 0) says nothing; the
+    first record dropped for it warns once, later ones are only counted."""
+    health = Health()
+    with caplog.at_level("WARNING", logger="argus_exporters"):
+        health.drop("queue_full", 0)
+        assert "dropping records" not in caplog.text and health.dropped["queue_full"] == 0
+        health.drop("queue_full", 2)
+        health.drop("queue_full")
+        health.drop("sink_error")
+    assert caplog.text.count("dropping records (queue_full)") == 1
+    assert caplog.text.count("dropping records (sink_error)") == 1
+    assert health.dropped == {"queue_full": 3, "sink_error": 1}

@@ -20,7 +20,13 @@ from argus_core.detect.steps import step_matrix
 from argus_core.reader import load_traces
 from argus_core.score.core_adapter import judge
 from argus_core.score.service import Published, ScoreConfig, Scorer
-from argus_core.score.snapshot import JobSnapshot, concat, on_host_clock, phase_table
+from argus_core.score.snapshot import (
+    JobSnapshot,
+    concat,
+    on_host_clock,
+    phase_table_of_results,
+)
+from argus_core.score.vector_columns import columns_from_result
 from argus_exporters.health import Health
 from argus_exporters.identity import RankIdentity
 from argus_exporters.metrics import StepMetrics
@@ -80,19 +86,19 @@ def scrapes(path: Path):
             for name, found in _series(m.collect(), wanted).items():
                 series[name] += found
         phases = series["argus_phase_window_seconds"]
-        table = phase_table([p for p in phases if p["metric"]["stat"] == "median"],
-                            series["argus_step_window_seconds"],
-                            series["argus_phase_order_info"],
-                            [p for p in phases if p["metric"]["stat"] == "min"
-                             and "-" in p["metric"]["phase"]],
-                            [p for p in phases if p["metric"]["stat"] in ("p25", "p75")])
+        table = phase_table_of_results(
+            [p for p in phases if p["metric"]["stat"] == "median"],
+            series["argus_step_window_seconds"], series["argus_phase_order_info"],
+            [p for p in phases if p["metric"]["stat"] == "min" and "-" in p["metric"]["phase"]],
+            [p for p in phases if p["metric"]["stat"] in ("p25", "p75")])
         waits = {int(w["metric"]["rank"]): float(w["value"][1])
                  for w in series["argus_step_cpu_wait_window_seconds"]}
         yield s, JobSnapshot(job=trace.job, summary=concat([], {}, 60 * 10**9), phases=table,
                              coords={int(r): tuple(c) for r, c in
                                      zip(matrix.ranks.tolist(), coords.tolist(), strict=True)},
                              cpu_wait=waits,
-                             host_clock=on_host_clock(series["argus_phase_clock_info"]))
+                             host_clock=on_host_clock(columns_from_result(
+                                 series["argus_phase_clock_info"], (), ("clock",))))
 
 
 @pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: p.name.split(".")[0])

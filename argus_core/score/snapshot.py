@@ -13,8 +13,9 @@
   in which the rank waited for nobody, its transfer time alone.
 - Each rank's steps per second, to turn a window's kernel time into time per step.
 
-The kernel summaries (millions of series) are decoded straight into columns
-(``PrometheusAPI.query_columns``) and joined with numpy; the small queries read JSON.
+The kernel summaries (millions of series) and the ranks' phase series (hundreds of thousands)
+are decoded straight into columns (``PrometheusAPI.query_columns``) and joined with numpy;
+the ranks' identities read JSON.
 """
 
 from __future__ import annotations
@@ -28,7 +29,13 @@ import numpy as np
 from argus_core.gcpause import cycle_collection_paused
 from argus_core.schema import AXES, PLACEMENT_TEXT, RankRecord
 from argus_core.score.prometheus import PrometheusAPI, quote_label
-from argus_core.score.vector_columns import DecodeError, VectorColumns, is_int
+from argus_core.score.vector_columns import (
+    DecodeError,
+    Text,
+    VectorColumns,
+    columns_from_result,
+    is_int,
+)
 from argus_core.stats.grouping import dense_ids
 from argus_core.summaries import KernelSummary
 
@@ -212,59 +219,88 @@ def rank_identities(job: str, info: list[dict], placement: list[dict]) -> dict[i
     return out
 
 
-def phase_table(series: list[dict], walls: list[dict] = (), orders: list[dict] = (),
-                minimums: list[dict] = (), quartiles: list[dict] = ()) -> PhaseTable | None:
-    """The ranks x phases matrix of phase medians, each rank's coordinates, host and median
-    step time, with the phases in the order the ranks report (``argus_phase_order_info``;
-    the order most ranks report wins, phases no rank orders come last, by name), the
-    shortest time of each phase in the window where ``minimums`` has it, and the noise of
-    each phase's steps where ``quartiles`` (``stat`` p25 and p75) has both: the
-    normal-consistent spread of ln(time), ln(p75 / p25) / 1.349."""
-    if not series:
+# What ``phase_table`` reads of each of its series: (integer labels, text labels).
+PHASE_READS = {
+    "phases": (("rank",), ("phase", "host", *AXES)),  # argus_phase_window_seconds, median
+    "walls": (("rank",), ()),  # argus_step_window_seconds, median
+    "orders": ((), ("order",)),  # argus_phase_order_info
+    "minimums": (("rank",), ("phase",)),  # argus_phase_window_seconds, min (collectives)
+    "quartiles": (("rank",), ("phase", "stat")),  # argus_phase_window_seconds, p25 and p75
+}
+
+
+def phase_table(phases: VectorColumns, walls: VectorColumns | None = None,
+                orders: VectorColumns | None = None, minimums: VectorColumns | None = None,
+                quartiles: VectorColumns | None = None) -> PhaseTable | None:
+    """The ranks x phases matrix of phase medians, each rank's coordinates (a missing one is
+    0), host and median step time, with the phases in the order the ranks report
+    (``step_order``), the shortest time of each phase in the window where ``minimums`` has
+    it, and the noise of each phase's steps where ``quartiles`` (``stat`` p25 and p75) has
+    both: the normal-consistent spread of ln(time), ln(p75 / p25) / 1.349. Each argument
+    holds the labels ``PHASE_READS`` names, decoded as columns (no dict per series)."""
+    if phases is None or not len(phases):
         return None
-    (rank_text, phase, host, *axes), values = label_columns(series, ("rank", "phase", "host",
-                                                                     *AXES))
-    rank = _ints(rank_text, "rank")
-    ranks, r_idx = np.unique(rank, return_inverse=True)
-    names = step_order(sorted(set(phase)), orders)
+    ranks, r_idx = np.unique(phases.ints["rank"], return_inverse=True)
+    phase = phases.texts["phase"]
+    names = step_order(sorted({phase.values[c] for c in np.unique(phase.codes).tolist()}),
+                       orders)
     column = {name: i for i, name in enumerate(names)}
-    p_idx = np.fromiter(map(column.__getitem__, phase), np.int64, len(phase))
     table = np.full((len(ranks), len(names)), np.nan)
-    table[r_idx, p_idx] = values
+    table[r_idx, _phase_columns(phase, column)] = phases.values
     coords = np.zeros((len(ranks), len(AXES)), dtype=np.int64)
-    coords[r_idx] = np.column_stack([_ints([c or "0" for c in column], axis)
-                                     for axis, column in zip(AXES, axes, strict=True)])
+    coords[r_idx] = np.column_stack([_text_ints(phases.texts[axis], axis) for axis in AXES])
+    host = phases.texts["host"]
     hosts = [""] * len(ranks)
-    for i, h in zip(r_idx.tolist(), host, strict=True):
-        hosts[i] = h
+    for i, code in zip(r_idx.tolist(), host.codes.tolist(), strict=True):
+        hosts[i] = host.values[code]
     wall = np.full(len(ranks), np.nan)
-    if walls:
-        (wall_rank,), wall_s = label_columns(list(walls), ("rank",))
-        found, ok = _rows(ranks, _ints(wall_rank, "rank"))
-        wall[found[ok]] = wall_s[ok]
+    if walls is not None and len(walls):
+        found, ok = _rows(ranks, walls.ints["rank"])
+        wall[found[ok]] = walls.values[ok]
     minimum = None
-    if minimums:
-        (min_rank, min_phase), min_s = label_columns(list(minimums), ("rank", "phase"))
-        found, ok = _rows(ranks, _ints(min_rank, "rank"))
-        col = np.fromiter((column.get(p, -1) for p in min_phase), np.int64, len(min_phase))
+    if minimums is not None and len(minimums):
+        found, ok = _rows(ranks, minimums.ints["rank"])
+        col = _phase_columns(minimums.texts["phase"], column)
         ok &= col >= 0
         minimum = np.full(table.shape, np.nan)
-        minimum[found[ok], col[ok]] = min_s[ok]
+        minimum[found[ok], col[ok]] = minimums.values[ok]
     noise = None
-    if quartiles:
-        (q_rank, q_phase, q_stat), q_s = label_columns(list(quartiles), ("rank", "phase", "stat"))
-        found, ok = _rows(ranks, _ints(q_rank, "rank"))
-        col = np.fromiter((column.get(p, -1) for p in q_phase), np.int64, len(q_phase))
+    if quartiles is not None and len(quartiles):
+        found, ok = _rows(ranks, quartiles.ints["rank"])
+        col = _phase_columns(quartiles.texts["phase"], column)
         ok &= col >= 0
+        stat = quartiles.texts["stat"]
         bounds = {}
-        for stat in ("p25", "p75"):
-            bounds[stat] = np.full(table.shape, np.nan)
-            mine = ok & (np.array(q_stat) == stat)
-            bounds[stat][found[mine], col[mine]] = q_s[mine]
+        for name in ("p25", "p75"):
+            bounds[name] = np.full(table.shape, np.nan)
+            mine = ok & (stat.codes == _code(stat.values, name))
+            bounds[name][found[mine], col[mine]] = quartiles.values[mine]
         with np.errstate(all="ignore"):
             noise = np.log(bounds["p75"] / bounds["p25"]) / IQR_SIGMAS
         noise[~np.isfinite(noise)] = np.nan
     return PhaseTable(ranks, names, table, coords, wall, hosts, minimum, noise)
+
+
+def phase_table_of_results(phases: list[dict], walls: list[dict] = (),
+                           orders: list[dict] = (), minimums: list[dict] = (),
+                           quartiles: list[dict] = ()) -> PhaseTable | None:
+    """``phase_table`` of JSON-decoded query results (``[{"metric": ..., "value": ...}]``)."""
+    parts = {"phases": phases, "walls": walls, "orders": orders, "minimums": minimums,
+             "quartiles": quartiles}
+    return phase_table(**{name: columns_from_result(list(result), *PHASE_READS[name])
+                          for name, result in parts.items()})
+
+
+def _phase_columns(phase: Text, column: dict[str, int]) -> np.ndarray:
+    """Each series' column in the table (-1: a phase the table does not hold)."""
+    per_value = np.array([column.get(v, -1) for v in phase.values], dtype=np.int64)
+    return per_value[phase.codes] if len(per_value) else np.zeros(0, dtype=np.int64)
+
+
+def _text_ints(text: Text, name: str) -> np.ndarray:
+    """A text label as integers per series ("" reads 0); DecodeError if one is not."""
+    per_value = _ints([v or "0" for v in text.values], name)
+    return per_value[text.codes] if len(per_value) else np.zeros(0, dtype=np.int64)
 
 
 def _rows(ranks: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -275,13 +311,14 @@ def _rows(ranks: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return found, ok
 
 
-def step_order(names: list[str], orders: list[dict]) -> list[str]:
+def step_order(names: list[str], orders: VectorColumns | None) -> list[str]:
     """``names`` in the order phases happen within a step, from ``argus_phase_order_info``
     series (the order most ranks report); phases it does not list come last, by name."""
-    (texts,), _ = label_columns(list(orders), ("order",))
     counts: dict[str, int] = {}
-    for text in texts:
-        counts[text] = counts.get(text, 0) + 1
+    if orders is not None and len(orders):
+        order = orders.texts["order"]
+        tally = np.bincount(order.codes, minlength=len(order.values)).tolist()
+        counts = {text: n for text, n in zip(order.values, tally, strict=True) if n}
     known = max(counts, key=lambda t: (counts[t], t)).split(",") if counts else []
     rank_of = {name: i for i, name in enumerate(known)}
     return sorted(names, key=lambda n: (rank_of.get(n, len(known)), n))
@@ -446,25 +483,32 @@ def fetch_job(api: PrometheusAPI, job: str, selector: str, window_s: float,
               owns: Callable[[int], bool] | None = None,
               export_lookback_s: float | None = None) -> JobSnapshot:
     """Query everything the scorer needs about ``job`` (of the kernel summaries, only the
-    peer sets ``owns`` is true for, and the stage sample, queried or exported:
-    ``fetch_summaries``); raises QueryError, or DecodeError for a rank or coordinate label
-    that is not a number."""
+    peer sets ``owns`` is true for, and the stage sample: ``fetch_summaries``). With
+    ``export_lookback_s`` every plain series (the ranks' phase, step and CPU-wait windows
+    and the kernel summaries) is exported rather than queried (``--read export``); the
+    ranks' identities and step rates are queried either way. Raises QueryError, or
+    DecodeError for a rank or coordinate label that is not a number."""
     match = f"job={quote_label(job)}" + (f",{selector}" if selector else "")
     info = api.query(f"argus_rank_info{{{match}}}")
     coords = rank_coords(info)
     identities = rank_identities(job, info, api.query(f"argus_rank_placement_info{{{match}}}"))
-    phases = api.query(f'argus_phase_window_seconds{{{match},stat="median"}}')
-    walls = api.query(f'argus_step_window_seconds{{{match},stat="median"}}')
-    orders = api.query(f"argus_phase_order_info{{{match}}}")
-    minimums = api.query(f'argus_phase_window_seconds{{{match},stat="min",'
-                         f'phase=~"({"|".join(AXES)})-.*"}}')
-    quartiles = api.query(f'argus_phase_window_seconds{{{match},stat=~"p25|p75"}}')
-    steps = api.query(f"sum by (rank) (rate(argus_steps_total{{{match}}}[{rate_window}]))")
-    (step_rank,), step_rate = label_columns(steps, ("rank",))
-    waits = api.query(f'argus_step_cpu_wait_window_seconds{{{match},stat="median"}}')
-    (wait_rank,), wait_s = label_columns(waits, ("rank",))
-    clocks = api.query(f"argus_phase_clock_info{{{match}}}")
-    table = phase_table(phases, walls, orders, minimums, quartiles)
+    exprs = {"phases": f'argus_phase_window_seconds{{{match},stat="median"}}',
+             "walls": f'argus_step_window_seconds{{{match},stat="median"}}',
+             "orders": f"argus_phase_order_info{{{match}}}",
+             "minimums": f'argus_phase_window_seconds{{{match},stat="min",'
+                         f'phase=~"({"|".join(AXES)})-.*"}}',
+             "quartiles": f'argus_phase_window_seconds{{{match},stat=~"p25|p75"}}'}
+
+    def read(selector: str, ints: tuple[str, ...], texts: tuple[str, ...] = ()) -> VectorColumns:
+        if export_lookback_s is not None:
+            return api.export_columns(selector, export_lookback_s, ints, texts)
+        return api.query_columns(selector, ints, texts)
+
+    table = phase_table(**{name: read(expr, *PHASE_READS[name]) for name, expr in exprs.items()})
+    steps = api.query_columns(
+        f"sum by (rank) (rate(argus_steps_total{{{match}}}[{rate_window}]))", ("rank",))
+    waits = read(f'argus_step_cpu_wait_window_seconds{{{match},stat="median"}}', ("rank",))
+    clocks = read(f"argus_phase_clock_info{{{match}}}", (), ("clock",))
     summary, sample, peer_sets = fetch_summaries(api, match, coords, peer_axis,
                                                  int(window_s * 1e9), owns, stage_sample(table),
                                                  export_lookback_s)
@@ -472,18 +516,18 @@ def fetch_job(api: PrometheusAPI, job: str, selector: str, window_s: float,
         job=job, summary=summary, coords=coords, phases=table,
         peer_sets=None if owns is None else peer_sets, stage_sample=sample,
         identities=identities,
-        steps_per_s=dict(zip(_ints(step_rank, "rank").tolist(), step_rate.tolist(),
-                             strict=True)),
-        cpu_wait=dict(zip(_ints(wait_rank, "rank").tolist(), wait_s.tolist(), strict=True)),
+        steps_per_s=dict(zip(steps.ints["rank"].tolist(), steps.values.tolist(), strict=True)),
+        cpu_wait=dict(zip(waits.ints["rank"].tolist(), waits.values.tolist(), strict=True)),
         host_clock=on_host_clock(clocks))
 
 
-def on_host_clock(clocks: list[dict]) -> bool:
+def on_host_clock(clocks: VectorColumns) -> bool:
     """Whether a job's phases are timed on the host clock: most of its ranks' exporters say
-    so (``argus_phase_clock_info{clock="host"}``). None saying (exporters before the metric,
-    other producers): timed on a device, the tighter comparison."""
-    (clock,), _ = label_columns(clocks, ("clock",))
-    return 2 * clock.count("host") > len(clock)
+    so (``argus_phase_clock_info{clock="host"}``, its ``clock`` label read as text). None
+    saying (exporters before the metric, other producers): timed on a device, the tighter
+    comparison."""
+    clock = clocks.texts["clock"]
+    return 2 * int((clock.codes == _code(clock.values, "host")).sum()) > len(clocks)
 
 
 def list_jobs(api: PrometheusAPI, selector: str) -> list[str]:
