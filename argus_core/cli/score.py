@@ -47,8 +47,9 @@ def register(commands) -> None:
                         f"its job (default {DEFAULT_MAX_ANSWER_BYTES >> 20}: a peer set of "
                         "2,000 ranks x 100 kernels is about 170 MB)")
     p.add_argument("--read", default="query", choices=["query", "export"],
-                   help="how the kernel summaries are read: query, instant queries through "
-                        "the Prometheus API any engine serves (default); export, "
+                   help="how the kernel summaries and the ranks' windows are read: query, "
+                        "instant queries through the Prometheus API any engine serves "
+                        "(default); export, "
                         "victoria-metrics' /api/v1/export/csv, decoded as it streams: "
                         "0.3x the fetch time at 10,000 ranks x 100 kernels "
                         "(docs/BENCHMARKS.md)")

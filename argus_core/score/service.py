@@ -110,7 +110,7 @@ class ScoreConfig:
     l2_findings: str = L2_FINDINGS_ALL  # which L2 findings to publish (core_adapter)
     promql_axes: tuple[str, ...] = PROMQL_AXES  # beyond-promql: the axes the rules compare
     max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES  # longest answer read per query
-    read: str = READ_QUERY  # how the kernel summaries are read (READS)
+    read: str = READ_QUERY  # how the summaries and phase windows are read (READS)
     lookback_s: float = 30.0  # READ_EXPORT: a series' last sample within this many seconds
     fetch_ahead: int = 1  # jobs fetched while the one before is judged (0: one at a time)
 
@@ -426,7 +426,8 @@ class Scorer:
         yield nonfinite
         shard = GaugeMetricFamily("argus_scorer_shard_info", "This scorer's shard, what "
                                   "the shards split and how it reads the kernel summaries "
-                                  "(value 1).", labels=["shard", "shards", "split", "read"])
+                                  "and phase windows (value 1).",
+                                  labels=["shard", "shards", "split", "read"])
         shard.add_metric([str(self.config.shard), str(self.config.shards), self.config.split,
                           self.config.read], 1.0)
         yield shard
