@@ -229,7 +229,7 @@ PHASE_READS = {
 }
 
 
-def phase_table(phases: VectorColumns, walls: VectorColumns | None = None,
+def phase_table(phases: VectorColumns | None, walls: VectorColumns | None = None,
                 orders: VectorColumns | None = None, minimums: VectorColumns | None = None,
                 quartiles: VectorColumns | None = None) -> PhaseTable | None:
     """The ranks x phases matrix of phase medians, each rank's coordinates (a missing one is
