@@ -43,6 +43,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/processor_soak.py
 	$(BIN)/python bench/decode.py
 	$(BIN)/python bench/parse.py
+	$(BIN)/python bench/export_decode.py
 	$(BIN)/python bench/rules_scale.py  # needs prometheus (make system-deps)
 	$(BIN)/python bench/scale.py  # prometheus and victoria-metrics (make system-deps)
 	$(BIN)/python bench/cardinality.py

@@ -3,7 +3,7 @@ each peer set selected by its ranks (the scorer's way) against the baseline of a
 ``argus_rank_info`` (measured in the same run, on the same store).
 
     python bench/scorer_fetch.py [--ranks 2000] [--kernels 100] [--with-exporters]
-                                 [--rounds-only] [--json]
+                                 [--rounds-only] [--rounds 3] [--json]
 
 victoria-metrics is started as ``argus stack up --engine victoriametrics`` starts it; the
 processors' kernel-summary exposition (``rules_scale.kernel_exposition``: 2 clusters per
@@ -15,10 +15,11 @@ core scores) and one shard's of five (``--split peer-set``); each also read thro
 victoria-metrics' export (``--read export``: ``/api/v1/export/csv``, decoded as it streams),
 against the query in the same run, and checked to give the same summaries. Last, whole
 scorer rounds (list, fetch, decode, judge) with each ``--read``, by one scorer and by one
-shard of five. ``--with-exporters``: every rank's exporter series (``rules_scale.SyntheticCluster``:
-what ``StepMetrics`` serves, the slow rank's mlp phase 2x) are imported too, so that the rounds
-read and judge L2 beside L3, as the stack's scorer does; ``--rounds-only``: the whole rounds
-alone.
+shard of five, each scorer ``--rounds`` rounds in a row (as it runs one a window; the
+median reported, and each round). ``--with-exporters``: every rank's exporter series
+(``rules_scale.SyntheticCluster``: what ``StepMetrics`` serves, the slow rank's mlp phase 2x)
+are imported too, so that the rounds read and judge L2 beside L3, as the stack's scorer does;
+``--rounds-only``: the whole rounds alone.
 """
 
 from __future__ import annotations
@@ -89,21 +90,29 @@ def same_rows(a: KernelSummary, b: KernelSummary) -> bool:
     return len(a.rank) == len(b.rank) and bool((rows(a) == rows(b)).all())
 
 
-def scorer_rounds(url: str, ranks: int) -> dict:
-    """One whole scorer round (``Scorer.run_round``: list, fetch, decode, judge) of the job
-    by one scorer and by shard 0 of five (``--split peer-set``), with each ``--read``: L3,
-    and L2 where the store holds the exporters' series too."""
+def scorer_rounds(url: str, ranks: int, rounds: int = 1) -> dict:
+    """Whole scorer rounds (``Scorer.run_round``: list, fetch, decode, judge) of the job by
+    one scorer and by shard 0 of five (``--split peer-set``), with each ``--read``: L3, and
+    L2 where the store holds the exporters' series too. Each scorer runs ``rounds`` rounds
+    in a row, as it does one a window: ``*_round_seconds`` is the median of them,
+    ``*_rounds_seconds`` each (the first reads a store whose caches the previous scorer's
+    reads left; a failed round is None)."""
     out = {}
     for read in READS:
         for shards in (1, 5):
             scorer = Scorer(ScoreConfig(prometheus=url, read=read, lookback_s=LOOKBACK_S,
                                         split=SPLIT_PEER_SETS, shards=shards, timeout_s=600,
                                         max_answer_bytes=4 << 30))
-            ok = scorer.run_round()
+            seconds = []
+            for _ in range(rounds):
+                ok = scorer.run_round()
+                seconds.append(scorer.published.round_seconds if ok else None)
             judgement = scorer.published.judgements.get(JOB)
             verdicts = [] if judgement is None else judgement.verdicts
             name = f"{read}_{'one_scorer' if shards == 1 else 'shard_of_5'}"
-            out[f"{name}_round_seconds"] = scorer.published.round_seconds if ok else None
+            out[f"{name}_round_seconds"] = (None if None in seconds
+                                            else float(np.median(seconds)))
+            out[f"{name}_rounds_seconds"] = seconds
             out[f"{name}_verdicts"] = [f"{rank}:{cause}" for rank, cause in verdicts]
     out["slow_rank"] = slow_rank(ranks)
     out["round_export_ratio_to_query"] = (out["export_one_scorer_round_seconds"]
@@ -210,7 +219,7 @@ def fetch_comparisons(api: PrometheusAPI, url: str, args) -> dict:
         "shard_of_5_export_seconds": shard_export_s,
         "shard_of_5_export_ratio_to_query": shard_export_s / shard_s,
         "exported_summaries_agree": same_rows(whole, whole_e) and same_rows(shard, shard_e),
-        **scorer_rounds(url, args.ranks),
+        **scorer_rounds(url, args.ranks, args.rounds),
     }
 
 
@@ -222,6 +231,8 @@ def main() -> None:
                         help="import every rank's exporter series too (the rounds judge L2)")
     parser.add_argument("--rounds-only", action="store_true",
                         help="measure the whole scorer rounds alone")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="whole rounds each scorer runs in a row (their median reported)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="argus-scorer-fetch-"))
@@ -237,7 +248,7 @@ def main() -> None:
         base = {"ranks": args.ranks, "kernels": args.kernels, "import_seconds": load_s,
                 "with_exporters": args.with_exporters,
                 "store_series": store_series(url)}
-        result = {**base, **(scorer_rounds(url, args.ranks) if args.rounds_only
+        result = {**base, **(scorer_rounds(url, args.ranks, args.rounds) if args.rounds_only
                              else fetch_comparisons(api, url, args))}
     finally:
         process.stop(60)

@@ -4,7 +4,8 @@ decodes every rank's summaries, the export (``--read export``) gives the same su
 the query, and whole scorer rounds either way find the slow rank, also with every rank's
 exporter series in the store (L2 beside L3). ``bench/scorer_overlap.py``
 on a few small jobs: its rounds with and without fetching ahead agree. ``bench/vm_visibility.py``
-times what the store shows of a new series and of a new sample."""
+times what the store shows of a new series and of a new sample. ``bench/export_decode.py``
+reads the same columns both ways."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "scorer_fetch.py"
 
 def test_the_fetch_benchmark_reads_every_summary_and_agrees_with_the_join():
     done = subprocess.run([sys.executable, str(BENCH), "--ranks", "80", "--kernels", "3",
-                           "--json"], capture_output=True, text=True, timeout=600)
+                           "--rounds", "1", "--json"], capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["peer_sets_agree"] and result["complete"]
@@ -69,11 +71,28 @@ def test_the_fetch_benchmarks_rounds_judge_l2_beside_l3_with_the_exporters_serie
     """``--with-exporters --rounds-only``: the store holds every rank's exporter series too;
     whole rounds either way find the slow rank (its mlp phase and its kernel)."""
     done = subprocess.run([sys.executable, str(BENCH), "--ranks", "80", "--kernels", "3",
-                           "--with-exporters", "--rounds-only", "--json"],
+                           "--with-exporters", "--rounds-only", "--rounds", "2", "--json"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["with_exporters"] and result["store_series"] > 80 * 3 * 2 * 3
     for read in ("query", "export"):
         assert result[f"{read}_one_scorer_verdicts"] == [f"{result['slow_rank']}:compute"]
-        assert result[f"{read}_shard_of_5_round_seconds"] is not None
+        for scorer in ("one_scorer", "shard_of_5"):  # each scorer's rounds, and their median
+            rounds = result[f"{read}_{scorer}_rounds_seconds"]
+            assert len(rounds) == 2 and None not in rounds
+            assert result[f"{read}_{scorer}_round_seconds"] == sum(rounds) / 2
+
+
+def test_the_decode_benchmark_reads_the_same_columns_both_ways():
+    """``bench/export_decode.py`` on a small job: the values read in one pass and by
+    ``float()`` each give the same columns, from the export and from the query answer."""
+    done = subprocess.run([sys.executable, str(BENCH.parent / "export_decode.py"), "--ranks",
+                           "20", "--kernels", "5", "--repeats", "1", "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["series"] == 20 * 5 * 2 * 2
+    for read in ("export", "query"):
+        assert result[f"{read}_same_columns"] is True
+        assert result[f"{read}_ratio_to_baseline"] > 0

@@ -14,11 +14,13 @@ from operator import itemgetter, methodcaller
 import numpy as np
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support import free_port
 
 from argus_core.score.prometheus import PrometheusAPI, QueryError, read_columns
 from argus_core.score.snapshot import SUMMARY_INTS, SUMMARY_TEXTS, kernel_summary
-from argus_core.score.vector_columns import columns_from_result, decode_vector
+from argus_core.score.vector_columns import columns_from_result, decode_vector, json_numbers
 from argus_core.summaries import KernelSummary
 
 WINDOW_NS = 60_000_000_000
@@ -345,3 +347,36 @@ def test_one_text_written_two_ways_is_one_value():
     assert fell_back == (False, False)
     assert_same(fast, slow)
     assert fast.names == ["k1", "k2"]
+
+
+def fields(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The bytes of ``texts`` written one after another with a separator, and each's span."""
+    data = "".join(f"{t};" for t in texts).encode()
+    lengths = np.array([len(t.encode()) + 1 for t in texts], dtype=np.int64)
+    start = np.cumsum(lengths) - lengths
+    return np.frombuffer(data, dtype=np.uint8), start, start + lengths - 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=1, max_size=40),
+       st.sampled_from([repr, lambda x: format(x, ".17g"), lambda x: format(x, "g"),
+                        lambda x: format(x, ".3e"), lambda x: str(int(x)) if abs(x) < 1e18 else
+                        repr(x)]))
+def test_numbers_read_in_one_pass_are_what_float_reads(numbers, write):
+    """Any finite number, written as Python, Go or C write them (shortest, 17 digits,
+    exponents in either case), reads exactly as ``float()`` reads its text. A text rounded
+    past the largest double (``1.798e+308``) is left to ``float()`` (None)."""
+    texts = [write(x) for x in numbers]
+    expected = [float(t) for t in texts]
+    got = json_numbers(*fields(texts))
+    if np.isfinite(expected).all():
+        assert got is not None
+    assert got is None or got.tolist() == expected
+
+
+@pytest.mark.parametrize("text", ["NaN", "+Inf", "-Inf", "+1", '"1"', "", " 1", ".5", "1.",
+                                  "1,2", "0x10", "1_000", "--1"])
+def test_numbers_that_are_not_plain_json_are_left_to_float(text):
+    """NaN, infinities, a plus sign, quotes, blanks, two numbers in one field: None, so
+    that the caller reads each with ``float()`` (and names what it cannot read)."""
+    assert json_numbers(*fields(["1.5", text, "2"])) is None
