@@ -20,9 +20,10 @@ differences in the training thread's CPU time per call, with its 95% bootstrap i
 wall time is dominated by gloo's hand-off to its worker thread, tens of us that vary more
 than the hooks cost). ``--collectives-only`` measures only that; with ``--collective-parts``
 also the hooks' wrappers alone (``collective_*_wrappers_cpu_us``: the tracer records
-nothing) and the tracer's recording alone in a hot loop (``collective_recording_hot_cpu_us``),
-and with ``--against REV`` the same with REV's exporters, alternating
-subprocesses.
+nothing), the tracer's recording alone in a hot loop (``collective_recording_hot_cpu_us``)
+and its begin and end each timed in place beside real calls and in a hot loop
+(``collective_{begin,end}_{beside_gloo,hot}_us``), and with ``--against REV`` the same with
+REV's exporters, alternating subprocesses.
 
 The phase probe on a device clock, without a device (first, and alone with ``--probe-only``):
 ``CudaClock`` over ``StandInCuda``, a ``torch.cuda`` with the same call pattern (record /
@@ -121,6 +122,64 @@ def recording_cost(calls: int = 20_000, repeats: int = 10) -> float:
             tracer.poll()
         tracer.shutdown()
     return best
+
+
+def recording_in_place(calls: int = 20_000) -> dict:
+    """The tracer's ``begin_collective`` and ``end_collective`` each timed where the hooks
+    call them, around real sync ``dist.all_reduce`` calls of a one-rank gloo group (the end
+    right after the wait returns from gloo's worker thread), against the same calls in a hot
+    loop: medians in us, the timing's own cost (two clock reads) taken out. Where the hooks'
+    cost beside gloo exceeds the hot loop's, this says which half pays it."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        return {}
+    from argus_exporters import collectives
+
+    clock = time.perf_counter_ns
+    with tempfile.TemporaryDirectory() as spool:
+        dist.init_process_group("gloo", init_method=f"file://{spool}/pg", rank=0,
+                                world_size=1)
+        tracer = make_tracer(spool)
+        begin, end = tracer.begin_collective, tracer.end_collective
+        taken: dict[str, list[int]] = {"begin": [], "end": [], "clock": []}
+
+        def timed_begin(name, peer=-1, stream=None):
+            t0 = clock()
+            token = begin(name, peer, stream)
+            taken["begin"].append(clock() - t0)
+            return token
+
+        def timed_end(token, waited_from=None):
+            t0 = clock()
+            end(token, waited_from)
+            taken["end"].append(clock() - t0)
+
+        tracer.begin_collective, tracer.end_collective = timed_begin, timed_end
+        collectives.install(tracer)
+        tensor = torch.ones(4)
+        out = {}
+        for where in ("beside_gloo", "hot"):
+            for values in taken.values():
+                values.clear()
+            for i in range(calls):
+                t0 = clock()
+                taken["clock"].append(clock() - t0)
+                if where == "beside_gloo":
+                    dist.all_reduce(tensor)
+                else:
+                    timed_end(timed_begin("dp-allreduce"), clock())
+                if i % 20 == 19:
+                    tracer.step()
+            own = float(np.median(taken["clock"]))
+            for part in ("begin", "end"):
+                out[f"collective_{part}_{where}_us"] = (
+                    float(np.median(taken[part][calls // 10:])) - own) / 1e3
+        collectives.uninstall()
+        tracer.shutdown()
+        dist.destroy_process_group()
+    return out
 
 
 def collective_cost(pairs: int, calls: int = 200, recorded: bool = True) -> dict:
@@ -505,6 +564,7 @@ def main() -> None:
             result.update({key.replace("_overhead_", "_wrappers_"): value
                            for key, value in wrappers.items() if "_overhead_" in key})
             result["collective_recording_hot_cpu_us"] = recording_cost()
+            result.update(recording_in_place())
         if args.against:
             result["against"] = against(args.against, args)
         report(result, args.json)

@@ -300,6 +300,20 @@ def test_exporter_cpu_bench_reports_the_probe_costs():
     assert result["records_shipped"] > 0 and not result["dropped"]
 
 
+def test_exporter_cpu_bench_splits_a_collectives_cost_into_its_parts():
+    """``--collectives-only --collective-parts``: the hooks' cost per call each way, the
+    wrappers' alone, and the tracer's begin and end each timed in place and hot."""
+    result = bench("--collectives-only", "--collective-parts", "--collective-pairs", "2",
+                   "--collective-calls", "20")
+    for kind in ("sync", "async", "functional", "graph"):
+        assert result[f"collective_{kind}_baseline_cpu_us"] > 0
+        assert f"collective_{kind}_wrappers_cpu_us" in result
+    for part in ("begin", "end"):
+        for where in ("beside_gloo", "hot"):
+            assert 0 < result[f"collective_{part}_{where}_us"] < 1_000, (part, where)
+    assert 0 < result["collective_recording_hot_cpu_us"] < 1_000
+
+
 def test_exporter_cpu_bench_measures_a_previous_probe_from_git():
     result = bench("--probe-only", "--probe-steps", "100", "--probe-pairs", "2")
     assert result["probe_event_reads_per_step"] > 0
