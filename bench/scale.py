@@ -28,7 +28,8 @@ and compute of the full ``--kernels`` round alone and split over ``--shards`` pe
 
 ``rule_eval_seconds_per_15s``: each group's evaluation time x 15 s / its interval, summed
 (the target: at most 3 s); ``missed_iterations``: evaluations the engine skipped while
-sampled (target 0; ``missed_iterations_with_start`` counts the start-up too).
+sampled (target 0; ``missed_iterations_with_start`` counts the start-up too, and
+``missed_iterations_by_group`` names the groups, start-up included).
 """
 
 from __future__ import annotations
@@ -130,7 +131,10 @@ class Probe:
                                     m.get("prometheus_tsdb_head_samples_appended_total", [])),
                     "last": groups,
                     "missed": sum(v for _, v in
-                                  m.get("prometheus_rule_group_iterations_missed_total", []))}
+                                  m.get("prometheus_rule_group_iterations_missed_total", [])),
+                    "missed_by_group": {
+                        labels["rule_group"].split(";")[-1]: value for labels, value in
+                        m.get("prometheus_rule_group_iterations_missed_total", []) if value}}
         store, ruler = metrics(self.addr["victoria-metrics"]), metrics(self.addr["vmalert"])
         sums = {labels["group"]: value for labels, value in
                 ruler.get("vmalert_iteration_duration_seconds_sum", [])}
@@ -140,7 +144,9 @@ class Probe:
                               if labels.get("type") == "storage/hour_metric_ids"),
                 "ingested": sum(v for _, v in store.get("vm_rows_inserted_total", [])),
                 "sums": sums, "counts": counts,
-                "missed": sum(v for _, v in ruler.get("vmalert_iteration_missed_total", []))}
+                "missed": sum(v for _, v in ruler.get("vmalert_iteration_missed_total", [])),
+                "missed_by_group": {labels["group"]: value for labels, value in
+                                    ruler.get("vmalert_iteration_missed_total", []) if value}}
 
     def durations(self, now: dict) -> dict[str, float]:
         """Each group's evaluation time in the last sampling interval (its mean over the
@@ -211,7 +217,8 @@ def run_engine(engine: str, args, cluster_port: int, rules: RulesConfig) -> dict
                 series.append(now["series"])
                 rates.append((now["ingested"] - probe.last["ingested"]) / (t - previous_t))
             probe.last, previous_t = now, t
-        missed_total = probe.sample()["missed"]
+        final = probe.sample()
+        missed_total = final["missed"]
         by_expression = expression_times(url, [*recording_groups(rules), *alert_groups(rules)])
         api = PrometheusAPI(url, timeout_s=300, max_answer_bytes=4 << 30)
         t0 = time.perf_counter()
@@ -241,6 +248,7 @@ def run_engine(engine: str, args, cluster_port: int, rules: RulesConfig) -> dict
             "evaluations_sampled": len(sums),
             "missed_iterations": missed_total - (missed_warm or 0.0),
             "missed_iterations_with_start": missed_total,
+            "missed_iterations_by_group": final["missed_by_group"],  # start-up included
             "scorer_read": "query" if lookback is None else "export",
             "scorer_fetch_seconds": fetch_s,
             "scorer_round_seconds": round_s,

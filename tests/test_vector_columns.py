@@ -380,3 +380,14 @@ def test_numbers_that_are_not_plain_json_are_left_to_float(text):
     """NaN, infinities, a plus sign, quotes, blanks, two numbers in one field: None, so
     that the caller reads each with ``float()`` (and names what it cannot read)."""
     assert json_numbers(*fields(["1.5", text, "2"])) is None
+
+
+def test_many_numbers_are_read_a_bounded_part_at_a_time():
+    """More fields than one pass takes: read in parts, the same numbers; one field that is
+    not a plain number anywhere leaves all of them to ``float()``."""
+    rng = np.random.default_rng(3)
+    texts = [repr(x) for x in rng.lognormal(-8, 3, 150_000).tolist()]
+    got = json_numbers(*fields(texts))
+    assert got is not None and got.tolist() == [float(t) for t in texts]
+    texts[100_000] = "NaN"
+    assert json_numbers(*fields(texts)) is None

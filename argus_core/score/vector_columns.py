@@ -309,6 +309,15 @@ def json_numbers(a: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarra
     one pass of orjson (a correctly rounded parser) over the fields gathered into a JSON
     array: 4-5x faster than a ``float()`` a field. None unless every field is a plain JSON
     number (no NaN, Inf, sign '+', quote or blank); the caller then reads them one by one."""
+    if len(start) > _NUMBERS_AT_ONCE:  # the gathering's index: 8 bytes a byte read
+        parts = []
+        for first in range(0, len(start), _NUMBERS_AT_ONCE):
+            part = json_numbers(a, start[first:first + _NUMBERS_AT_ONCE],
+                                end[first:first + _NUMBERS_AT_ONCE])
+            if part is None:
+                return None
+            parts.append(part)
+        return np.concatenate(parts)
     length = end - start
     if not len(length):
         return np.zeros(0)
@@ -319,7 +328,7 @@ def json_numbers(a: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarra
     text = np.empty(int(size.sum()) + 1, dtype=np.uint8)
     text[1:] = a[np.repeat(start - begin, size) + np.arange(len(text) - 1)]
     text[0], text[begin + size], text[-1] = ord("["), ord(","), ord("]")
-    if not np.isin(text[1:-1], _NUMBER_BYTES).all():
+    if not _NUMBER_BYTE[text[1:-1]].all():
         return None
     try:
         numbers = orjson.loads(text.tobytes())
@@ -330,7 +339,9 @@ def json_numbers(a: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarra
     return np.array(numbers, dtype=np.float64)
 
 
-_NUMBER_BYTES = np.frombuffer(b"0123456789.eE-+,", dtype=np.uint8)
+_NUMBER_BYTE = np.zeros(256, dtype=bool)  # the bytes a field of plain numbers may hold
+_NUMBER_BYTE[np.frombuffer(b"0123456789.eE-+,", dtype=np.uint8)] = True
+_NUMBERS_AT_ONCE = 1 << 16  # fields parsed in one pass
 
 
 def _texts(data: bytes, a: np.ndarray, start: np.ndarray, end: np.ndarray) -> Text | None:
