@@ -391,3 +391,10 @@ def test_many_numbers_are_read_a_bounded_part_at_a_time():
     assert got is not None and got.tolist() == [float(t) for t in texts]
     texts[100_000] = "NaN"
     assert json_numbers(*fields(texts)) is None
+
+
+def test_a_number_that_ends_the_bytes_is_read():
+    """A field that runs to the last byte (no separator after it) reads like any other."""
+    data = np.frombuffer(b"12.5;0.25", dtype=np.uint8)
+    got = json_numbers(data, np.array([0, 5]), np.array([4, 9]))
+    assert got is not None and got.tolist() == [12.5, 0.25]

@@ -326,7 +326,9 @@ def json_numbers(a: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarra
     size = length + 1  # each field and a comma after it
     begin = np.cumsum(size) - size
     text = np.empty(int(size.sum()) + 1, dtype=np.uint8)
-    text[1:] = a[np.repeat(start - begin, size) + np.arange(len(text) - 1)]
+    # each field's bytes and the byte after it (made a comma; the answer's last may be past it)
+    text[1:] = a[np.minimum(np.repeat(start - begin, size) + np.arange(len(text) - 1),
+                            len(a) - 1)]
     text[0], text[begin + size], text[-1] = ord("["), ord(","), ord("]")
     if not _NUMBER_BYTE[text[1:-1]].all():
         return None
