@@ -21,9 +21,9 @@ wall time is dominated by gloo's hand-off to its worker thread, tens of us that 
 than the hooks cost). ``--collectives-only`` measures only that; with ``--collective-parts``
 also the hooks' wrappers alone (``collective_*_wrappers_cpu_us``: the tracer records
 nothing), the tracer's recording alone in a hot loop (``collective_recording_hot_cpu_us``)
-and its begin and end each timed in place beside real calls and in a hot loop
-(``collective_{begin,end}_{beside_gloo,hot}_us``), and with ``--against REV`` the same with
-REV's exporters, alternating subprocesses.
+and its begin, end and share of the step's close each timed in place beside real calls and
+in a hot loop (``collective_{begin,end,close}_{beside_gloo,hot}_us``), and with
+``--against REV`` the same with REV's exporters, alternating subprocesses.
 
 The phase probe on a device clock, without a device (first, and alone with ``--probe-only``):
 ``CudaClock`` over ``StandInCuda``, a ``torch.cuda`` with the same call pattern (record /
@@ -106,9 +106,9 @@ COLLECTIVE_KINDS = ("sync", "async", "functional", "graph")
 
 def recording_cost(calls: int = 20_000, repeats: int = 10) -> float:
     """The tracer's recording of one collective (``begin_collective``, the wait's mark,
-    ``end_collective``) in a hot loop, no collective run, ``calls`` to a step (closed
-    outside the timing): us of the training thread's CPU per collective, best of
-    ``repeats``."""
+    ``end_collective``, and its share of closing the step, which files the ends) in a hot
+    loop, no collective run, ``calls`` to a step: us of the training thread's CPU per
+    collective, best of ``repeats``."""
     with tempfile.TemporaryDirectory() as spool:
         tracer = make_tracer(spool)
         begin, end, mark = tracer.begin_collective, tracer.end_collective, tracer.mark_now
@@ -117,8 +117,8 @@ def recording_cost(calls: int = 20_000, repeats: int = 10) -> float:
             c0 = time.thread_time()
             for _ in range(calls):
                 end(begin("dp-allreduce"), mark())
-            best = min(best, (time.thread_time() - c0) / calls * 1e6)
             tracer.step()
+            best = min(best, (time.thread_time() - c0) / calls * 1e6)
             tracer.poll()
         tracer.shutdown()
     return best
@@ -127,9 +127,10 @@ def recording_cost(calls: int = 20_000, repeats: int = 10) -> float:
 def recording_in_place(calls: int = 20_000) -> dict:
     """The tracer's ``begin_collective`` and ``end_collective`` each timed where the hooks
     call them, around real sync ``dist.all_reduce`` calls of a one-rank gloo group (the end
-    right after the wait returns from gloo's worker thread), against the same calls in a hot
-    loop: medians in us, the timing's own cost (two clock reads) taken out. Where the hooks'
-    cost beside gloo exceeds the hot loop's, this says which half pays it."""
+    right after the wait returns from gloo's worker thread), and the close of each step of 20
+    of them (a twentieth per collective: it files their ends), against the same calls in a
+    hot loop: medians in us, the timing's own cost (two clock reads) taken out. Where the
+    hooks' cost beside gloo exceeds the hot loop's, this says which part pays it."""
     try:
         import torch
         import torch.distributed as dist
@@ -143,7 +144,7 @@ def recording_in_place(calls: int = 20_000) -> dict:
                                 world_size=1)
         tracer = make_tracer(spool)
         begin, end = tracer.begin_collective, tracer.end_collective
-        taken: dict[str, list[int]] = {"begin": [], "end": [], "clock": []}
+        taken: dict[str, list[int]] = {"begin": [], "end": [], "clock": [], "close": []}
 
         def timed_begin(name, peer=-1, stream=None):
             t0 = clock()
@@ -171,11 +172,16 @@ def recording_in_place(calls: int = 20_000) -> dict:
                 else:
                     timed_end(timed_begin("dp-allreduce"), clock())
                 if i % 20 == 19:
+                    t0 = clock()
                     tracer.step()
+                    taken["close"].append(clock() - t0)
             own = float(np.median(taken["clock"]))
             for part in ("begin", "end"):
                 out[f"collective_{part}_{where}_us"] = (
                     float(np.median(taken[part][calls // 10:])) - own) / 1e3
+            # closing a step of 20 collectives (filing their ends), a twentieth a collective
+            out[f"collective_close_{where}_us"] = (
+                float(np.median(taken["close"][calls // 200:])) - own) / 20e3
         collectives.uninstall()
         tracer.shutdown()
         dist.destroy_process_group()

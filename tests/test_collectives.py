@@ -194,6 +194,19 @@ def test_a_step_that_never_closes_holds_a_bounded_number_of_intervals(tmp_path):
     tracer.shutdown()
 
 
+def test_a_collective_lasts_until_its_end_not_until_its_steps_close(tmp_path):
+    """On the host clock a collective's interval ends where ``end_collective`` was called,
+    however later its step closes."""
+    def script(tracer, clock):
+        _at(clock, 1)
+        token = tracer.begin_phase("dp-allreduce", collective=True)
+        _at(clock, 3)
+        tracer.end_collective(token)
+        _at(clock, 9)
+
+    assert _one_step(tmp_path, script) == {"dp-allreduce": 2.0}
+
+
 def test_the_operations_the_exporters_name_are_communication():
     """``pg-send`` and ``world-alltoall`` are collectives (no axis); ``tp-allreduce`` is on tp."""
     assert is_comm_phase("pg-send") and phase_axis("pg-send") is None

@@ -302,13 +302,14 @@ def test_exporter_cpu_bench_reports_the_probe_costs():
 
 def test_exporter_cpu_bench_splits_a_collectives_cost_into_its_parts():
     """``--collectives-only --collective-parts``: the hooks' cost per call each way, the
-    wrappers' alone, and the tracer's begin and end each timed in place and hot."""
+    wrappers' alone, and the tracer's begin, end and step close each timed in place and
+    hot."""
     result = bench("--collectives-only", "--collective-parts", "--collective-pairs", "2",
                    "--collective-calls", "20")
     for kind in ("sync", "async", "functional", "graph"):
         assert result[f"collective_{kind}_baseline_cpu_us"] > 0
         assert f"collective_{kind}_wrappers_cpu_us" in result
-    for part in ("begin", "end"):
+    for part in ("begin", "end", "close"):
         for where in ("beside_gloo", "hot"):
             assert 0 < result[f"collective_{part}_{where}_us"] < 1_000, (part, where)
     assert 0 < result["collective_recording_hot_cpu_us"] < 1_000
