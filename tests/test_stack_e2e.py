@@ -228,6 +228,51 @@ def test_the_scorer_reads_the_summaries_the_engines_fastest_way(stack):
     assert query(stack, 'argus_kernel_w1_score{job="link-degradation",rank="5"}')
 
 
+def test_every_read_the_scorer_makes_sees_every_rank(stack):
+    """Read as the stack's scorer reads (on victoria-metrics exported, each series' last sample
+    within its ``--lookback``), every one of 20 reads in a row holds every live rank's phase
+    windows, and the newest sample of each was younger than the lookback by a scrape interval
+    at least (the margin that holds whatever the scrapes' offset from vmagent's flushes): a
+    lookback of two scrape intervals, which left out the delivery's delay, lost all of a job's
+    ranks in some rounds (vmagent scrapes them together), and with them the L2 findings."""
+    import urllib.parse
+    import urllib.request
+
+    from argus_core.score.prometheus import PrometheusAPI
+    from argus_core.score.snapshot import fetch_job
+
+    scrape_s = StackConfig(stack.workdir).rules.scrape_interval
+    flags = engines.scorer_flags(stack.info["engine"], StackConfig(stack.workdir).rules)
+    lookback = float(flags[flags.index("--lookback") + 1]) if "--lookback" in flags else None
+    api = PrometheusAPI(stack.urls["prometheus"])
+    job = "compute-straggler"
+    info = query(stack, f'argus_rank_info{{job="{job}"}}')
+    ranks = sorted(int(r["metric"]["rank"]) for r in info)
+    assert len(ranks) >= 2, ranks
+    newest = urllib.parse.urlencode({
+        "match[]": f'argus_phase_window_seconds{{job="{job}",stat="median"}}', "start": "-30s",
+        "format": "__timestamp__:unix_ms,rank,phase"})
+    oldest_newest_s = 0.0
+    for read in range(20):
+        snapshot = fetch_job(api, job, "", 60.0, "2m", export_lookback_s=lookback)
+        seen = [] if snapshot.phases is None else snapshot.phases.ranks.tolist()
+        assert seen == ranks, f"read {read} (--lookback {lookback}): ranks {seen} of {ranks}"
+        if lookback is not None:  # the age of the newest sample of every series, now
+            url = f"{stack.urls['prometheus']}/api/v1/export/csv?{newest}"
+            now_ms = time.time() * 1000
+            latest: dict[str, int] = {}
+            with urllib.request.urlopen(url, timeout=30) as answer:
+                for line in answer.read().decode().split():
+                    stamp, series = line.split(",", 1)
+                    latest[series] = max(latest.get(series, 0), int(stamp))
+            oldest_newest_s = max(oldest_newest_s, (now_ms - min(latest.values())) / 1000)
+        time.sleep(0.3)
+    if lookback is not None:
+        assert oldest_newest_s + scrape_s <= lookback, (
+            f"the newest sample was up to {oldest_newest_s:.2f} s old: --lookback {lookback} "
+            f"leaves less than a scrape interval ({scrape_s} s) of margin")
+
+
 def test_host_stalls_name_the_stalled_rank(stack):
     """The job's first stall comes about 14 s after its start: on victoria-metrics, whose new
     series become visible about 10 s after their first sample, the rules' series it needs

@@ -55,8 +55,8 @@ def register(commands) -> None:
                         "(docs/BENCHMARKS.md)")
     p.add_argument("--lookback", type=float, default=30.0, metavar="S",
                    help="with --read export: a series' last sample within this many seconds "
-                        "counts (default 30; at least two scrape intervals of the "
-                        "processors)")
+                        "counts (default 30; two scrape intervals and a few seconds for "
+                        "the samples' delivery to the store)")
     p.add_argument("--fetch-ahead", type=int, default=1, metavar="JOBS",
                    help="jobs fetched while the one before is judged, each held in memory "
                         "until judged (default 1; 0: fetch and judge one job at a time)")

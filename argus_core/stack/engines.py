@@ -28,6 +28,10 @@ VICTORIAMETRICS = "victoriametrics"
 ENGINES = (PROMETHEUS, VICTORIAMETRICS)
 MAX_QUERY_SERIES = 10_000_000  # series one query may select on victoria-metrics
 VMAGENTS = 2  # scrapers sharing the targets on the VictoriaMetrics engine
+# How long a scraped sample takes to reach an export, beyond the scrape interval: vmagent's
+# remote-write flush (1 s), the store's flush to searchable parts (1 s) and a loaded machine's
+# delay. Measured here at a 1 s scrape: the newest sample 0.8-2.8 s old, idle or loaded.
+DELIVERY_S = 5.0
 
 # The Debian package that provides each program the engines run.
 PACKAGES = {"prometheus": "prometheus", "prometheus-alertmanager": "prometheus-alertmanager",
@@ -70,12 +74,13 @@ def own_scrape_targets(engine: str, addr: dict[str, str]) -> dict[str, list[str]
 
 
 def scorer_flags(engine: str, rules: RulesConfig) -> list[str]:
-    """``argus score``'s flags for the engine: on victoria-metrics the kernel summaries are
-    exported (streamed: a third of the query's fetch time at 10,000 ranks x 100 kernels),
-    each series' last sample within two scrape intervals."""
+    """``argus score``'s flags for the engine: on victoria-metrics the kernel summaries and
+    phase windows are exported (streamed: a third of the query's fetch time at 10,000 ranks x
+    100 kernels), each series' last sample within two scrape intervals and the delivery's
+    delay (``DELIVERY_S``): a shorter lookback misses every series of a rank scraped late."""
     if engine == PROMETHEUS:
         return []
-    return ["--read", "export", "--lookback", f"{2 * rules.scrape_interval:g}"]
+    return ["--read", "export", "--lookback", f"{2 * rules.scrape_interval + DELIVERY_S:g}"]
 
 
 def commands(engine: str, binary, rules: RulesConfig, workdir: Path, addr: dict[str, str],
