@@ -11,8 +11,11 @@ continuous 10,000-step run with Argus on: ``self_us_per_step`` is the exporter's
 (training-thread hooks plus its shipper thread, from thread CPU clocks) per step and
 ``rss_growth_mb`` the resident memory growth from step 1,000 to the end. Last, the training
 thread's cost of timing one collective (``argus_exporters.collectives``), on a real one-rank
-gloo process group: ``--collective-pairs`` pairs of ``--collective-calls``-call segments with
-the hooks uninstalled (the baseline) and installed, in ABBA order, each way a job makes one:
+gloo process group: ``--collective-pairs`` rounds of ``--collective-calls``-call segments with
+the hooks uninstalled (the baseline), installed as a job gets them (their C wrappers and
+recording where ``_native/hooks.c`` builds: ``collective_hooks``) and with their Python
+wrappers (``collective_*_python_overhead_cpu_us``, and ``collective_*_native_vs_python``), in
+an order that rotates each round, each way a job makes one:
 ``dist.all_reduce`` sync, and async then waited; DTensor's functional collective then
 ``wait_tensor`` (``functional``); and the functional operator then its wait as a compiled
 graph calls them (``graph``); ``collective_*_overhead_cpu_us`` is the median of the pairs'
@@ -45,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
 import importlib
 import inspect
 import json
@@ -105,13 +109,16 @@ COLLECTIVE_KINDS = ("sync", "async", "functional", "graph")
 
 
 def recording_cost(calls: int = 20_000, repeats: int = 10) -> float:
-    """The tracer's recording of one collective (``begin_collective``, the wait's mark,
-    ``end_collective``, and its share of closing the step, which files the ends) in a hot
-    loop, no collective run, ``calls`` to a step: us of the training thread's CPU per
-    collective, best of ``repeats``."""
+    """The tracer's recording of one collective as the hooks call it (its begin, the wait's
+    mark, its end: in C on the host clock where ``_native/hooks.c`` loads; and its share of
+    closing the step) in a hot loop, no collective run, ``calls`` to a step: us of the
+    training thread's CPU per collective, best of ``repeats``."""
+    from argus_exporters._native.extension import load_hooks
+
     with tempfile.TemporaryDirectory() as spool:
         tracer = make_tracer(spool)
-        begin, end, mark = tracer.begin_collective, tracer.end_collective, tracer.mark_now
+        begin, end = tracer.collective_recording(load_hooks())
+        mark = tracer.mark_now
         best = float("inf")
         for _ in range(repeats):
             c0 = time.thread_time()
@@ -137,18 +144,20 @@ def recording_in_place(calls: int = 20_000) -> dict:
     except ImportError:
         return {}
     from argus_exporters import collectives
+    from argus_exporters._native.extension import load_hooks
 
     clock = time.perf_counter_ns
     with tempfile.TemporaryDirectory() as spool:
         dist.init_process_group("gloo", init_method=f"file://{spool}/pg", rank=0,
                                 world_size=1)
         tracer = make_tracer(spool)
-        begin, end = tracer.begin_collective, tracer.end_collective
+        recording = tracer.collective_recording  # the recording the hooks call
+        begin, end = recording(load_hooks() if tracer.settings.native_hooks else None)
         taken: dict[str, list[int]] = {"begin": [], "end": [], "clock": [], "close": []}
 
-        def timed_begin(name, peer=-1, stream=None):
+        def timed_begin(name, peer=-1):
             t0 = clock()
-            token = begin(name, peer, stream)
+            token = begin(name, peer)
             taken["begin"].append(clock() - t0)
             return token
 
@@ -157,7 +166,7 @@ def recording_in_place(calls: int = 20_000) -> dict:
             end(token, waited_from)
             taken["end"].append(clock() - t0)
 
-        tracer.begin_collective, tracer.end_collective = timed_begin, timed_end
+        tracer.collective_recording = lambda native=None: (timed_begin, timed_end)
         collectives.install(tracer)
         tensor = torch.ones(4)
         out = {}
@@ -190,9 +199,12 @@ def recording_in_place(calls: int = 20_000) -> dict:
 
 def collective_cost(pairs: int, calls: int = 200, recorded: bool = True) -> dict:
     """Per-call cost of the collective hooks against the same calls unhooked, same run:
-    ``pairs`` pairs of ``calls``-call segments, unhooked and hooked in ABBA order (drift
-    cancels), the median of the pairs' differences and its 95% bootstrap interval. Without
-    ``recorded``, the tracer records nothing (``begin_collective`` returns None): the cost
+    ``pairs`` rounds of ``calls``-call segments, unhooked, with the hooks as installed (their
+    wrappers in C where ``_native/hooks.c`` builds, ``collective_hooks``) and with the Python
+    wrappers (``ARGUS_NATIVE_HOOKS=0``), in an order that rotates each round (drift cancels);
+    the median of the rounds' differences against the unhooked segment and its 95% bootstrap
+    interval (``collective_{kind}_overhead_cpu_us``; ``..._python_overhead_cpu_us``). Without
+    ``recorded``, the tracer records nothing (the hooks' begin returns None): the cost
     of the hooks' wrappers alone."""
     try:
         import torch
@@ -200,6 +212,7 @@ def collective_cost(pairs: int, calls: int = 200, recorded: bool = True) -> dict
     except ImportError:
         return {}
     from argus_exporters import collectives
+    from argus_exporters._native.extension import load_hooks
 
     with tempfile.TemporaryDirectory() as spool:
         dist.init_process_group("gloo", init_method=f"file://{spool}/pg", rank=0,
@@ -207,8 +220,9 @@ def collective_cost(pairs: int, calls: int = 200, recorded: bool = True) -> dict
         import torch.distributed._functional_collectives as funcol
 
         tracer = make_tracer(spool)
-        if not recorded:
-            tracer.begin_collective = lambda name, peer=-1, stream=None: None
+        if not recorded:  # the hooks' begin returns None: nothing recorded, nothing ended
+            tracer.collective_recording = lambda native=None: (
+                lambda name, peer=-1, stream=None: None, tracer.end_collective)
         tensor = torch.ones(4)
         world = dist.group.WORLD
         ops = torch.ops._c10d_functional
@@ -218,13 +232,20 @@ def collective_cost(pairs: int, calls: int = 200, recorded: bool = True) -> dict
             "functional": lambda: funcol.all_reduce(tensor, "sum", world).wait(),
             "graph": lambda: ops.wait_tensor(ops.all_reduce(tensor, "sum", world.group_name)),
         }
+        hooks = "native" if load_hooks() is not None else "python"
+        arms = ("off", hooks) if hooks == "python" else ("off", "native", "python")
+        settings = {"native": dataclasses.replace(tracer.settings, native_hooks=True),
+                    "python": dataclasses.replace(tracer.settings, native_hooks=False)}
 
-        def run(call, hooked: bool) -> tuple[float, float]:
-            """Per call: the training thread's CPU time and wall time, in us."""
-            if hooked:
+        def use(arm: str) -> None:
+            collectives.uninstall()
+            if arm != "off":
+                tracer.settings = settings[arm]
                 collectives.install(tracer)
-            else:
-                collectives.uninstall()
+
+        def run(call, arm: str) -> tuple[float, float]:
+            """Per call: the training thread's CPU time and wall time, in us."""
+            use(arm)
             t0, c0 = time.perf_counter(), time.thread_time()
             for i in range(calls):
                 call()
@@ -233,29 +254,38 @@ def collective_cost(pairs: int, calls: int = 200, recorded: bool = True) -> dict
             return ((time.thread_time() - c0) / calls * 1e6,
                     (time.perf_counter() - t0) / calls * 1e6)
 
-        out: dict[str, Any] = {"collective_pairs": pairs, "collective_calls": calls}
-        collectives.install(tracer)  # the functional hooks go in once funcol is imported
+        out: dict[str, Any] = {"collective_pairs": pairs, "collective_calls": calls,
+                               "collective_hooks": hooks}
+        use(hooks)  # the functional hooks go in once funcol is imported
         for kind, call in calls_by_kind.items():
-            run(call, True)  # warm
-            run(call, False)
-            cpu, wall, bases = [], [], []
+            for arm in arms:
+                run(call, arm)  # warm
+            got: dict[str, list[tuple[float, float]]] = {arm: [] for arm in arms}
             for pair in range(pairs):
-                order = (False, True) if pair % 2 == 0 else (True, False)
-                got = dict(zip(order, (run(call, hooked) for hooked in order), strict=True))
-                cpu.append(got[True][0] - got[False][0])
-                wall.append(got[True][1] - got[False][1])
-                bases.append(got[False])
-            interval = stats.bootstrap((np.asarray(cpu),), np.median, confidence_level=0.95,
-                                       n_resamples=2000, method="percentile",
-                                       random_state=0).confidence_interval
+                shift = pair % len(arms)
+                for arm in arms[shift:] + arms[:shift]:
+                    got[arm].append(run(call, arm))
+            bases = got["off"]
+            for arm, prefix in ((hooks, ""), ("python", "python_")):
+                if arm not in got or (prefix and hooks == "python"):
+                    continue
+                cpu = np.array([on[0] - off[0] for on, off in zip(got[arm], bases, strict=True)])
+                wall = [on[1] - off[1] for on, off in zip(got[arm], bases, strict=True)]
+                interval = stats.bootstrap((cpu,), np.median, confidence_level=0.95,
+                                           n_resamples=2000, method="percentile",
+                                           random_state=0).confidence_interval
+                key = f"collective_{kind}_{prefix}overhead"
+                out[f"{key}_cpu_us"] = float(np.median(cpu))
+                out[f"{key}_cpu_us_ci95"] = [float(interval.low), float(interval.high)]
+                out[f"{key}_cpu_us_iqr"] = [float(np.percentile(cpu, 25)),
+                                            float(np.percentile(cpu, 75))]
+                out[f"{key}_wall_us"] = float(np.median(wall))
             out[f"collective_{kind}_baseline_cpu_us"] = float(np.median([b[0] for b in bases]))
             out[f"collective_{kind}_baseline_wall_us"] = float(np.median([b[1] for b in bases]))
-            out[f"collective_{kind}_overhead_cpu_us"] = float(np.median(cpu))
-            out[f"collective_{kind}_overhead_cpu_us_ci95"] = [float(interval.low),
-                                                             float(interval.high)]
-            out[f"collective_{kind}_overhead_cpu_us_iqr"] = [float(np.percentile(cpu, 25)),
-                                                            float(np.percentile(cpu, 75))]
-            out[f"collective_{kind}_overhead_wall_us"] = float(np.median(wall))
+            if hooks == "native":
+                out[f"collective_{kind}_native_vs_python"] = (
+                    out[f"collective_{kind}_overhead_cpu_us"]
+                    / out[f"collective_{kind}_python_overhead_cpu_us"])
         collectives.uninstall()
         tracer.shutdown()
         dist.destroy_process_group()

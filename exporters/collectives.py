@@ -32,6 +32,11 @@ rank's coordinates put the whole world on the dp axis, else ``world``); any othe
 ``pg``. Registering a group or building a named mesh also gives the rank its coordinate on
 that axis (its rank in the group) unless ``ARGUS_COORDS`` set the coordinates.
 
+Where the hooks' extension module loads (``_native/hooks.c``; ``ARGUS_NATIVE_HOOKS=0``
+turns it off), the process-group wrappers are its C types and, on the host clock, the
+tracer's recording is its C recorder (``Tracer.collective_recording``): the same calls on the
+same objects, without a Python frame of their own.
+
 Off (Argus disabled or ``ARGUS_COLLECTIVES=0``) nothing is patched. While torch.compile traces
 or compiles (``torch.compiler.is_compiling``: AOT autograd calls the functional operators on
 fake tensors), the wrappers call straight through; the graph's collectives are timed each
@@ -43,6 +48,7 @@ reaches the wrappers as plain Python, and its collectives are timed.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import sys
@@ -52,6 +58,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from argus_exporters._native.extension import load_hooks
 from argus_exporters.identity import AXES
 from argus_exporters.imports import after_import
 from argus_exporters.tracer import NO_PEER, Tracer
@@ -128,6 +135,10 @@ class Collectives:
         self.scanned = False  # meshes built before install were looked for
         self.patched: list[tuple[Any, str, Any]] = []  # (owner, attribute, its own value or
         # _INHERITED)
+        # the wrappers' extension module (_native/hooks.c), where it loads and is wanted,
+        # and the tracer's recording the wrappers call (in C on the host clock with it)
+        self.native = load_hooks() if tracer.settings.native_hooks else None
+        self.begin, self.end = tracer.collective_recording(self.native)
 
     def compiling(self) -> bool:
         """Whether torch.compile is tracing or compiling now (``_compiling``). The check is
@@ -368,8 +379,13 @@ def _patch_process_group(state: Collectives) -> None:
         state.patch(ProcessGroup, method, _timed_method(state, original, op,
                                                         method in POINT_TO_POINT))
     wait = Work.wait
+    if getattr(wait, "_argus", False):
+        return
     tracer, works = state.tracer, state.works
-    end, mark = tracer.end_collective, tracer.mark_now
+    end, mark = state.end, tracer.mark_now
+    if state.native is not None:  # the same calls, no Python frame
+        state.patch(Work, "wait", state.native.TimedWait(wait, works, mark, end))
+        return
 
     def timed_wait(work, *args, **kwargs):
         token = works.pop(id(work), None) if works else None
@@ -381,8 +397,7 @@ def _patch_process_group(state: Collectives) -> None:
         return result
 
     timed_wait._argus = True  # type: ignore[attr-defined]
-    if not getattr(wait, "_argus", False):
-        state.patch(Work, "wait", _never_compiled(timed_wait))
+    state.patch(Work, "wait", _never_compiled(timed_wait))
 
 
 def _compiling(torch: Any) -> Callable[[], bool]:
@@ -395,7 +410,8 @@ def _compiling(torch: Any) -> Callable[[], bool]:
     is_compiling = compiler.is_compiling
     if hasattr(compiler, "_compile_session_context"):
         if isinstance(getattr(compiler, "_is_compiling_flag", None), bool):
-            return lambda: compiler._is_compiling_flag  # what it returns, one frame less
+            # what it returns, read without a Python frame
+            return functools.partial(getattr, compiler, "_is_compiling_flag")
         return is_compiling
     try:
         from torch._guards import TracingContext
@@ -407,8 +423,11 @@ def _compiling(torch: Any) -> Callable[[], bool]:
 
 def _timed_method(state: Collectives, original: Any, op: str,
                   point_to_point: bool = False) -> Any:
-    tracer, works, cached = state.tracer, state.works, state._names
-    begin, end = tracer.begin_collective, tracer.end_collective
+    works, cached = state.works, state._names
+    begin, end = state.begin, state.end
+    native = state.native
+    if native is not None and not point_to_point:  # the same calls, no Python frame
+        return native.TimedMethod(original, op, state, begin, end, state.remember, MAX_PENDING)
 
     def timed(group, *args, **kwargs):
         if state.muted or state.compiling():
@@ -464,7 +483,7 @@ def _patch_functional(state: Collectives) -> None:
 def _timed_wait_tensor(state: Collectives, wait_tensor: Any) -> Any:
     """``wait_tensor`` that ends the collective whose result it waits for, if one is timed."""
     tensors = state.tensors
-    end, mark = state.tracer.end_collective, state.tracer.mark_now
+    end, mark = state.end, state.tracer.mark_now
 
     def timed_wait_tensor(tensor, *args, **kwargs):
         token = tensors.pop(_storage(tensor), None) if tensors else None
@@ -486,7 +505,7 @@ def _timed_operator(state: Collectives, original: Any, op: str) -> Any:
     import torch
 
     tensors, tensor_type, labelled = state.tensors, torch.Tensor, state._labelled
-    begin, end, named = state.tracer.begin_collective, state.tracer.end_collective, state.named
+    begin, end, named = state.begin, state.end, state.named
 
     def timed(*args, **kwargs):
         if state.muted or state.compiling():

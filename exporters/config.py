@@ -100,6 +100,7 @@ class Settings:
     sink: str = _DEFAULT_SINK
     phases: bool = True
     collectives: bool = True  # every torch.distributed collective timed (collectives.py)
+    native_hooks: bool = True  # the collective hooks' wrappers in C where they build (hooks.c)
     kernels: bool = False  # CUPTI: off unless asked for
     stacks: bool = False  # py-spy: off unless asked for
     metrics_port: int | None = None  # base port; the rank listens on base + local_rank
@@ -138,6 +139,7 @@ class Settings:
             sink=env.get("ARGUS_SINK") or _DEFAULT_SINK,
             phases=_flag(env, "ARGUS_PHASES", True),
             collectives=_flag(env, "ARGUS_COLLECTIVES", True),
+            native_hooks=_flag(env, "ARGUS_NATIVE_HOOKS", True),
             kernels=_flag(env, "ARGUS_KERNELS", False),
             stacks=_flag(env, "ARGUS_STACKS", False),
             metrics_port=(int(_number(env, "ARGUS_METRICS_PORT", 0, int, 1, _MAX_PORT))

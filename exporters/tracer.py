@@ -376,6 +376,20 @@ class Tracer:
             self._cpu += thread_time() - cpu0
         return token
 
+    def collective_recording(self, native: Any = None) -> tuple[Callable[..., Any],
+                                                                Callable[..., None]]:
+        """The begin and end the collective hooks call: ``begin_collective`` and
+        ``end_collective``, or on the host clock, where ``native`` (the hooks' extension
+        module, ``_native/hooks.c``) is given, the same recording in C: the same cells and
+        marks, everything off its common path left to these methods."""
+        if (native is None or self._device or not self._one_stream
+                or self.mark_now is not perf_counter_ns):
+            return self.begin_collective, self.end_collective
+        recorder = native.HostRecorder(
+            self, self.mark_now, self.begin_collective, self.end_collective, COLLECTIVE,
+            NO_MARK, 0, MAX_CELLS, STRIDE, END, WAITED, SLOT_BITS, FULL)
+        return recorder.begin, recorder.end
+
     def _start_mark(self, step: _Step, stream: Any) -> tuple[int, int]:
         """The index in ``step.marks`` of a phase's start on ``stream`` (a new mark, or the
         end of the stream's previous phase on a device clock that shares them) and the

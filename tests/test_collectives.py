@@ -248,6 +248,7 @@ ONE_RANK = ONE_RANK_START + textwrap.dedent("""
     dist.all_reduce(x, group=sub)
     state = collectives.installed()
     pending = len(state.works) + len(state.tensors) if state else 0
+    hooks = type(vars(dist.ProcessGroup)["allreduce"]).__name__  # the wrappers installed
     import gc, weakref
     groups = [weakref.ref(sub)]  # (torch itself keeps the world's group)
     del group, sub, mesh, work
@@ -255,7 +256,8 @@ ONE_RANK = ONE_RANK_START + textwrap.dedent("""
     gc.collect()
     alive = sum(ref() is not None for ref in groups)
     argus_exporters.shutdown()
-    print(json.dumps({"pending": pending, "groups_alive_after_destroy": alive}))
+    print(json.dumps({"pending": pending, "groups_alive_after_destroy": alive,
+                      "hooks": hooks}))
 """)
 
 
@@ -278,11 +280,25 @@ def _names_by_step(trace) -> list[set[str]]:
             for s in range(phases.shape[0])]
 
 
-def test_every_collective_is_named_by_its_group_and_waited_for(tmp_path):
+def _native_or_skip(native: str) -> None:
+    """Skip the C wrappers' case where they cannot be built here (no compiler, no Python.h)."""
+    from argus_exporters._native.extension import load_hooks
+
+    if native == "1" and load_hooks() is None:
+        pytest.skip("the collective hooks' extension cannot be built here (cc, python3-dev)")
+
+
+HOOKS = {"1": "TimedMethod", "0": "function"}  # ARGUS_NATIVE_HOOKS -> the wrappers' type
+
+
+@pytest.mark.parametrize("native", ["1", "0"], ids=["c-wrappers", "python-wrappers"])
+def test_every_collective_is_named_by_its_group_and_waited_for(tmp_path, native):
     """Sync, async and functional collectives each end at their wait (none left pending),
     named after their group: the default group is ``dp`` until a ``("tp",)`` mesh over the
-    world names it ``tp``."""
-    result, trace = _run_one_rank(tmp_path, {})
+    world names it ``tp``. Alike with the hooks' C wrappers and with their Python ones."""
+    _native_or_skip(native)
+    result, trace = _run_one_rank(tmp_path, {"ARGUS_NATIVE_HOOKS": native})
+    assert result["hooks"] == HOOKS[native]
     steps = _names_by_step(trace)
     assert len(steps) == 4 and result["pending"] == 0
     # nothing of Argus keeps a destroyed group alive (torn down at exit, gloo aborts)
@@ -438,20 +454,103 @@ UNWAITED = textwrap.dedent("""
 """)
 
 
-def test_collectives_nobody_waits_for_are_bounded_and_counted(tmp_path):
+@pytest.mark.parametrize("native", ["1", "0"], ids=["c-wrappers", "python-wrappers"])
+def test_collectives_nobody_waits_for_are_bounded_and_counted(tmp_path, native):
     """10,000 async collectives never waited for (fire-and-forget): at most MAX_PENDING are
     remembered, the others are dropped and counted, training goes on."""
     from argus_exporters.collectives import MAX_PENDING
 
+    _native_or_skip(native)
     script = tmp_path / "unwaited.py"
     script.write_text(UNWAITED)
-    env = {**os.environ, "ARGUS_ENABLED": "1", "ARGUS_SINK": f"file://{tmp_path}/spool"}
+    env = {**os.environ, "ARGUS_ENABLED": "1", "ARGUS_SINK": f"file://{tmp_path}/spool",
+           "ARGUS_NATIVE_HOOKS": native}
     proc = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["pending"] <= MAX_PENDING
     assert result["pending"] + result["dropped"] == 10_000
+
+
+RECORDED = ONE_RANK_START + textwrap.dedent("""
+    from argus_exporters._native.extension import load_hooks
+    tracer = argus_exporters.get_tracer()
+    group = dist.group.WORLD
+    x = torch.ones(4)
+    dist.all_reduce(x)
+    tracer.step()  # step 0 measures its CPU time (off the common path); step 1 does not
+    dist.all_reduce(x)                                      # sync, the step's first mark
+    dist.all_reduce(x)                                      # sync
+    work = dist.all_gather_into_tensor(torch.empty(4), x, async_op=True)
+    work.wait()                                             # async, waited
+    dist.broadcast(x, 0)
+    dist.barrier()
+    unwaited = dist.all_reduce(x, async_op=True)            # issued, never waited
+    try:
+        group.allreduce("not a tensor")                     # the backend refuses the call
+    except Exception as exc:
+        refused = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    else:
+        refused = None
+    step = tracer._current
+    cells = [c if c is None or isinstance(c, (int, str)) else repr(c) for c in step.cells]
+    print(json.dumps({"cells": cells, "marks": len(step.marks), "refused": refused,
+                      "index": step.index, "sampled": tracer._sampled,
+                      "pending": len(collectives.installed().works),
+                      "hooks": type(vars(dist.ProcessGroup)["allreduce"]).__name__}))
+    argus_exporters.shutdown()
+    dist.destroy_process_group()
+""")
+
+
+def test_the_c_wrappers_record_what_the_python_ones_record(tmp_path):
+    """The same collectives (sync, async then waited, broadcast, barrier, one never waited,
+    one the backend refuses) leave the same intervals in the step with the hooks' C wrappers
+    and recording as with their Python ones: each one's name, marks, kind, wait and stream,
+    and the same pending work and the same error for the refused call, raised to the
+    caller."""
+    _native_or_skip("1")
+    script = tmp_path / "recorded.py"
+    script.write_text(RECORDED)
+    got = {}
+    for native in ("1", "0"):
+        env = {**os.environ, "ARGUS_ENABLED": "1", "ARGUS_JOB": "one",
+               "ARGUS_SINK": f"file://{tmp_path}/spool-{native}", "ARGUS_NATIVE_HOOKS": native}
+        (tmp_path / native).mkdir()
+        proc = subprocess.run([sys.executable, str(script), str(tmp_path / native)], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        got[native] = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert got[native].pop("hooks") == HOOKS[native]
+    assert got["1"] == got["0"]
+    assert got["1"]["refused"] and got["1"]["pending"] == 1
+    assert got["1"]["index"] == 1 and not got["1"]["sampled"]
+    names = got["1"]["cells"][::8]  # STRIDE cells an interval, its name first
+    assert names == ["dp-allreduce", "dp-allreduce", "dp-allgather", "dp-broadcast",
+                     "dp-barrier", "dp-allreduce", "dp-allreduce"]
+
+
+def test_hooks_that_cannot_be_built_fall_back_to_python(tmp_path):
+    """No compiler that works and nothing cached: the job trains with the Python wrappers,
+    every collective still timed, and the log says why once."""
+    script = tmp_path / "one_rank.py"
+    script.write_text(ONE_RANK)
+    spool = tmp_path / "spool"
+    env = {**os.environ, "ARGUS_ENABLED": "1", "ARGUS_SINK": f"file://{spool}",
+           "ARGUS_JOB": "one", "ARGUS_CACHE_DIR": str(tmp_path / "cache"), "CC": "false"}
+    env.pop("ARGUS_HOOKS_LIB", None)
+    proc = subprocess.run([sys.executable, "-c", "import logging, runpy, sys; "
+                           "logging.basicConfig(level=logging.INFO); "
+                           "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], "
+                           "run_name='__main__')", str(script), str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["hooks"] == "function"
+    said = [line for line in proc.stderr.splitlines() if "hooks run as Python" in line]
+    assert len(said) == 1 and "building the collective hooks failed" in said[0], proc.stderr
+    names = set().union(*_names_by_step(load_traces([spool]).traces["one"]))
+    assert {"dp-allreduce", "dp-allgather", "tp-allreduce"} <= names
 
 
 @pytest.mark.parametrize("case", PARALLEL_CASES, ids=lambda c: c.name)

@@ -215,8 +215,41 @@ def test_module_command_builds(tmp_path):
     assert done.returncode == 0, done.stderr
     paths = done.stdout.split()
     assert [os.path.basename(p).split("-")[0] for p in paths] == ["libargus_cupti_shim",
-                                                                  "libargus_events"]
+                                                                  "libargus_events",
+                                                                  "libargus_hooks"]
     assert all(os.path.isfile(p) for p in paths)
+
+
+def test_the_hooks_are_built_for_this_interpreter(cache):
+    """The collective hooks are a CPython extension: their library is named for the
+    interpreter (another Python builds its own) and loads as a module of the ABI asked for."""
+    import importlib.util
+    import sys
+
+    from argus_exporters._native.build import HOOKS_ABI, HOOKS_SOURCE
+
+    built = build(cache, {"PATH": os.defpath}, HOOKS_SOURCE)
+    assert built.name == library_name(HOOKS_SOURCE)
+    assert f"-{sys.implementation.cache_tag}-" in built.name
+    spec = importlib.util.spec_from_file_location("_argus_hooks", built)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.abi() == HOOKS_ABI
+    assert {"TimedMethod", "TimedWait", "HostRecorder"} <= set(dir(module))
+
+
+def test_no_python_headers_says_what_to_do(tmp_path, monkeypatch):
+    """Without Python.h the hooks cannot be built: the error names the package to install and
+    the prebuilt library's variable (the plain C libraries need no headers)."""
+    import sysconfig
+
+    from argus_exporters._native.build import HOOKS_SOURCE
+
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"include": str(tmp_path)})
+    with pytest.raises(ShimUnavailableError) as err:
+        build(tmp_path / "out", {"PATH": os.defpath}, HOOKS_SOURCE)
+    assert "python3-dev" in str(err.value) and "ARGUS_HOOKS_LIB" in str(err.value)
+    assert build(tmp_path / "out", {"PATH": os.defpath}).is_file()  # the shim still builds
 
 
 def test_an_unwritable_home_falls_back_to_a_private_temp_folder(tmp_path, monkeypatch):

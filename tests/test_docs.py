@@ -332,6 +332,7 @@ def _shown(value: str, default):
 EXPORTER_FIELDS = {
     "ARGUS_ENABLED": "enabled", "ARGUS_SINK": "sink", "ARGUS_PHASES": "phases",
     "ARGUS_KERNELS": "kernels", "ARGUS_STACKS": "stacks", "ARGUS_COLLECTIVES": "collectives",
+    "ARGUS_NATIVE_HOOKS": "native_hooks",
     "ARGUS_METRICS_PORT": "metrics_port", "ARGUS_METRICS_ADDR": "metrics_addr",
     "ARGUS_WINDOW_STEPS": "window_steps", "ARGUS_KERNEL_DUTY": "kernel_duty",
     "ARGUS_KERNEL_BUDGET": "kernel_budget", "ARGUS_KERNEL_BUFFERS": "kernel_buffers",

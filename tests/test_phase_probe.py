@@ -301,14 +301,20 @@ def test_exporter_cpu_bench_reports_the_probe_costs():
 
 
 def test_exporter_cpu_bench_splits_a_collectives_cost_into_its_parts():
-    """``--collectives-only --collective-parts``: the hooks' cost per call each way, the
-    wrappers' alone, and the tracer's begin, end and step close each timed in place and
-    hot."""
+    """``--collectives-only --collective-parts``: the hooks' cost per call each way, as a job
+    gets them (their C wrappers: CI has a compiler and Python's headers) and with their
+    Python wrappers in the same run, the wrappers' alone, and the tracer's begin, end and
+    step close each timed in place and hot."""
     result = bench("--collectives-only", "--collective-parts", "--collective-pairs", "2",
                    "--collective-calls", "20")
+    assert result["collective_hooks"] == "native"
     for kind in ("sync", "async", "functional", "graph"):
         assert result[f"collective_{kind}_baseline_cpu_us"] > 0
         assert f"collective_{kind}_wrappers_cpu_us" in result
+        assert f"collective_{kind}_python_overhead_cpu_us" in result
+        assert result[f"collective_{kind}_native_vs_python"] == (
+            result[f"collective_{kind}_overhead_cpu_us"]
+            / result[f"collective_{kind}_python_overhead_cpu_us"])
     for part in ("begin", "end", "close"):
         for where in ("beside_gloo", "hot"):
             assert 0 < result[f"collective_{part}_{where}_us"] < 1_000, (part, where)

@@ -1,8 +1,10 @@
 """Build and find the exporters' native helpers: plain C shared libraries.
 
-Two sources, each built on its own: the CUPTI callback shim (``cupti_shim.c``, for the kernel
-probe on torch without native CUPTI callbacks) and the bulk event reader (``events.c``, for the
-phase probe's resolver: a batch of CUDA event reads with the GIL released once).
+Three sources, each built on its own: the CUPTI callback shim (``cupti_shim.c``, for the
+kernel probe on torch without native CUPTI callbacks), the bulk event reader (``events.c``, for
+the phase probe's resolver: a batch of CUDA event reads with the GIL released once), both plain
+C libraries loaded with ctypes, and the collective hooks' wrappers (``hooks.c``), a CPython
+extension module built against this interpreter's headers (``python3-dev``).
 
 Standard library only, so it also runs as a script from a plain checkout (the GPU scripts)::
 
@@ -11,8 +13,8 @@ Standard library only, so it also runs as a script from a plain checkout (the GP
 Where the library comes from, first match wins:
 
 1. ``ARGUS_CUPTI_SHIM=/path/libargus_cupti_shim.so`` (``ARGUS_EVENTS_LIB`` for the event
-   reader): a prebuilt library (e.g. built into a training image with this script, for images
-   without a compiler).
+   reader, ``ARGUS_HOOKS_LIB`` for the hooks): a prebuilt library (e.g. built into a
+   training image with this script, for images without a compiler).
 2. The cache (``ARGUS_CACHE_DIR``, else ``$XDG_CACHE_HOME/argus``, else ``~/.cache/argus``;
    where that cannot be written, a private ``argus-cache-<uid>`` in the temp folder): a
    library built earlier from this exact source on this machine type.
@@ -20,7 +22,8 @@ Where the library comes from, first match wins:
    together on one host never see a half-written file).
 
 No compiler and nothing prebuilt: ``ShimUnavailableError`` says so and how to fix it (the
-event reader is optional: without it the resolver reads events one ctypes call at a time).
+event reader and the hooks are optional: without them the resolver reads events one ctypes
+call at a time and the hooks' wrappers are Python functions).
 """
 
 from __future__ import annotations
@@ -33,16 +36,22 @@ import shutil
 import stat
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parent / "cupti_shim.c"
 EVENTS_SOURCE = SOURCE.with_name("events.c")
+HOOKS_SOURCE = SOURCE.with_name("hooks.c")
 ABI = 1  # argus_shim_abi() of a library this Python code can drive
 EVENTS_ABI = 1  # argus_events_abi() of an event reader this Python code can drive
-PREBUILT = {SOURCE.name: "ARGUS_CUPTI_SHIM", EVENTS_SOURCE.name: "ARGUS_EVENTS_LIB"}
-WHAT = {SOURCE.name: "the CUPTI callback shim", EVENTS_SOURCE.name: "the bulk event reader"}
+HOOKS_ABI = 1  # _argus_hooks.abi() of hooks this Python code can drive
+ABIS = {SOURCE.name: ABI, EVENTS_SOURCE.name: EVENTS_ABI, HOOKS_SOURCE.name: HOOKS_ABI}
+PREBUILT = {SOURCE.name: "ARGUS_CUPTI_SHIM", EVENTS_SOURCE.name: "ARGUS_EVENTS_LIB",
+            HOOKS_SOURCE.name: "ARGUS_HOOKS_LIB"}
+WHAT = {SOURCE.name: "the CUPTI callback shim", EVENTS_SOURCE.name: "the bulk event reader",
+        HOOKS_SOURCE.name: "the collective hooks"}
 CFLAGS = ("-O2", "-shared", "-fPIC", "-pthread")
 BUILD_TIMEOUT_S = 120
 
@@ -53,10 +62,28 @@ class ShimUnavailableError(RuntimeError):
 
 def library_name(source: Path = SOURCE) -> str:
     """File name of the library built from ``source``: its name, ABI, source hash and machine
-    type."""
+    type (and for an extension module, the interpreter it was built for)."""
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
-    abi = ABI if source.name == SOURCE.name else EVENTS_ABI
-    return f"libargus_{source.stem}-{abi}-{digest}-{platform.machine() or 'unknown'}.so"
+    interpreter = f"-{sys.implementation.cache_tag}" if source.name in EXTENSIONS else ""
+    abi = ABIS.get(source.name, 0)  # 0: a library of its own (a bench's stand-in)
+    return (f"libargus_{source.stem}-{abi}-{digest}{interpreter}-"
+            f"{platform.machine() or 'unknown'}.so")
+
+
+EXTENSIONS = {HOOKS_SOURCE.name}  # sources that are CPython extension modules
+
+
+def compile_flags(source: Path) -> list[str]:
+    """The compiler's flags for ``source``: an extension module also needs this interpreter's
+    headers (ShimUnavailableError where they are not installed)."""
+    if source.name not in EXTENSIONS:
+        return list(CFLAGS)
+    include = sysconfig.get_paths().get("include", "")
+    if not include or not os.path.isfile(os.path.join(include, "Python.h")):
+        raise ShimUnavailableError(f"no Python.h in {include!r} to build {WHAT[source.name]} "
+                                   "(install python3-dev, or prebuild it and set "
+                                   f"{PREBUILT[source.name]})")
+    return [*CFLAGS, f"-I{include}"]
 
 
 def cache_dir(env: Mapping[str, str]) -> Path:
@@ -113,6 +140,7 @@ def build(out_dir: Path, env: Mapping[str, str] | None = None,
             "no C compiler (cc or gcc; CC=" + repr(env.get("CC", "")) + f") to build {what}; "
             "prebuild it (python -m argus_exporters._native build) and set "
             f"{PREBUILT.get(source.name, 'its variable')}{hint}")
+    flags = compile_flags(source)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, partial = tempfile.mkstemp(prefix=".shim-", suffix=".so", dir=target.parent)
@@ -120,7 +148,7 @@ def build(out_dir: Path, env: Mapping[str, str] | None = None,
     except OSError as exc:
         raise ShimUnavailableError(f"cannot write {what} to {target.parent}: {exc}; "
                                    "set ARGUS_CACHE_DIR to a writable folder") from None
-    command = [compiler, *CFLAGS, "-o", partial, str(source)]
+    command = [compiler, *flags, "-o", partial, str(source)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
                               check=False)
@@ -160,13 +188,15 @@ def locate(env: Mapping[str, str] | None = None, source: Path = SOURCE) -> Path:
 def main(argv: list[str] | None = None) -> int:
     """Build the native helpers (or find them in the cache) and print their paths."""
     parser = argparse.ArgumentParser(description="Build the Argus exporters' native helpers "
-                                                 "(the CUPTI callback shim, the event reader).")
+                                                 "(the CUPTI callback shim, the event reader, "
+                                                 "the collective hooks).")
     parser.add_argument("command", nargs="?", default="build", choices=["build"])
     parser.add_argument("--out", type=Path, help="folder for the libraries (default: the cache)")
-    parser.add_argument("--only", choices=["shim", "events"],
-                        help="build one of them (default: both)")
+    parser.add_argument("--only", choices=["shim", "events", "hooks"],
+                        help="build one of them (default: all)")
     args = parser.parse_args(argv)
-    sources = {"shim": [SOURCE], "events": [EVENTS_SOURCE], None: [SOURCE, EVENTS_SOURCE]}
+    sources = {"shim": [SOURCE], "events": [EVENTS_SOURCE], "hooks": [HOOKS_SOURCE],
+               None: [SOURCE, EVENTS_SOURCE, HOOKS_SOURCE]}
     for source in sources[args.only]:
         try:
             path = (build(args.out, os.environ, source) if args.out
