@@ -33,9 +33,10 @@ rank's coordinates put the whole world on the dp axis, else ``world``); any othe
 that axis (its rank in the group) unless ``ARGUS_COORDS`` set the coordinates.
 
 Where the hooks' extension module loads (``_native/hooks.c``; ``ARGUS_NATIVE_HOOKS=0``
-turns it off), the process-group wrappers are its C types and, on the host clock, the
-tracer's recording is its C recorder (``Tracer.collective_recording``): the same calls on the
-same objects, without a Python frame of their own.
+turns it off), the process-group wrappers (but the point-to-point ones) are its C types and,
+on the host clock, the tracer's recording is its C recorder
+(``Tracer.collective_recording``): the same calls on the same objects, without a Python frame
+of their own.
 
 Off (Argus disabled or ``ARGUS_COLLECTIVES=0``) nothing is patched. While torch.compile traces
 or compiles (``torch.compiler.is_compiling``: AOT autograd calls the functional operators on

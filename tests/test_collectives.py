@@ -486,6 +486,10 @@ RECORDED = ONE_RANK_START + textwrap.dedent("""
     work.wait()                                             # async, waited
     dist.broadcast(x, 0)
     dist.barrier()
+    import torch.distributed._functional_collectives as funcol
+    funcol.all_reduce(x, "sum", group).wait()               # DTensor's path
+    ops = torch.ops._c10d_functional                        # a compiled graph's calls
+    ops.wait_tensor(ops.all_gather_into_tensor(x, 1, group_name=group.group_name))
     unwaited = dist.all_reduce(x, async_op=True)            # issued, never waited
     try:
         group.allreduce("not a tensor")                     # the backend refuses the call
@@ -495,9 +499,13 @@ RECORDED = ONE_RANK_START + textwrap.dedent("""
         refused = None
     step = tracer._current
     cells = [c if c is None or isinstance(c, (int, str)) else repr(c) for c in step.cells]
+    state = collectives.installed()
     print(json.dumps({"cells": cells, "marks": len(step.marks), "refused": refused,
+                      "functional": type(vars(ops.all_reduce)["_op"]).__name__,
+                      "tensors": len(state.tensors),
                       "index": step.index, "sampled": tracer._sampled,
-                      "pending": len(collectives.installed().works),
+                      "qualname": dist.ProcessGroup.allreduce.__qualname__,
+                      "pending": len(state.works),
                       "hooks": type(vars(dist.ProcessGroup)["allreduce"]).__name__}))
     argus_exporters.shutdown()
     dist.destroy_process_group()
@@ -505,8 +513,9 @@ RECORDED = ONE_RANK_START + textwrap.dedent("""
 
 
 def test_the_c_wrappers_record_what_the_python_ones_record(tmp_path):
-    """The same collectives (sync, async then waited, broadcast, barrier, one never waited,
-    one the backend refuses) leave the same intervals in the step with the hooks' C wrappers
+    """The same collectives (sync, async then waited, broadcast, barrier, DTensor's functional
+    all-reduce, a compiled graph's operator and wait_tensor, one never waited, one the backend
+    refuses) leave the same intervals in the step with the hooks' C wrappers
     and recording as with their Python ones: each one's name, marks, kind, wait and stream,
     and the same pending work and the same error for the refused call, raised to the
     caller."""
@@ -523,12 +532,15 @@ def test_the_c_wrappers_record_what_the_python_ones_record(tmp_path):
         assert proc.returncode == 0, proc.stderr
         got[native] = json.loads(proc.stdout.strip().splitlines()[-1])
         assert got[native].pop("hooks") == HOOKS[native]
+        assert got[native].pop("functional") == "function"  # Python wrappers either way
     assert got["1"] == got["0"]
-    assert got["1"]["refused"] and got["1"]["pending"] == 1
+    assert got["1"]["refused"] and got["1"]["pending"] == 1 and got["1"]["tensors"] == 0
     assert got["1"]["index"] == 1 and not got["1"]["sampled"]
+    assert got["1"]["qualname"] == "argus_timed(allreduce)"  # what a traceback shows
     names = got["1"]["cells"][::8]  # STRIDE cells an interval, its name first
     assert names == ["dp-allreduce", "dp-allreduce", "dp-allgather", "dp-broadcast",
-                     "dp-barrier", "dp-allreduce", "dp-allreduce"]
+                     "dp-barrier", "dp-allreduce", "dp-allgather", "dp-allreduce",
+                     "dp-allreduce"]
 
 
 def test_hooks_that_cannot_be_built_fall_back_to_python(tmp_path):

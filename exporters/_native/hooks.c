@@ -239,8 +239,37 @@ static PyObject *always_true(PyObject *self, void *closure) {
     Py_RETURN_TRUE;
 }
 
+/* The fields both hook types begin with. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *original;
+} Hook;
+_Static_assert(offsetof(TimedMethod, original) == offsetof(Hook, original), "Hook's prefix");
+_Static_assert(offsetof(TimedWait, original) == offsetof(Hook, original), "Hook's prefix");
+
+/* The wrapped method's name, as functools.wraps would give it. */
+static PyObject *hook_name(PyObject *self, void *closure) {
+    (void)closure;
+    return PyObject_GetAttrString(((Hook *)self)->original, "__name__");
+}
+
+/* argus_timed(<name>), as the Python wrappers are called. */
+static PyObject *hook_qualname(PyObject *self, void *closure) {
+    PyObject *name = hook_name(self, closure);
+    if (name == NULL) {
+        PyErr_Clear();
+        return PyUnicode_FromString("argus_timed");
+    }
+    PyObject *qualname = PyUnicode_FromFormat("argus_timed(%S)", name);
+    Py_DECREF(name);
+    return qualname;
+}
+
 static PyGetSetDef hooks_getset[] = {
     {"_argus", always_true, NULL, "A hook of Argus (never wrapped twice).", NULL},
+    {"__name__", hook_name, NULL, "The wrapped method's name.", NULL},
+    {"__qualname__", hook_qualname, NULL, "argus_timed(<the wrapped method's name>).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
