@@ -33,10 +33,10 @@ rank's coordinates put the whole world on the dp axis, else ``world``); any othe
 that axis (its rank in the group) unless ``ARGUS_COORDS`` set the coordinates.
 
 Where the hooks' extension module loads (``_native/hooks.c``; ``ARGUS_NATIVE_HOOKS=0``
-turns it off), the process-group wrappers (but the point-to-point ones) are its C types and,
-on the host clock, the tracer's recording is its C recorder
-(``Tracer.collective_recording``): the same calls on the same objects, without a Python frame
-of their own.
+turns it off), the wrappers (but the point-to-point ones) are its C types and, on the host
+clock, the tracer's recording is its C recorder (``Tracer.collective_recording``), which the
+C wrappers call directly: the same calls on the same objects, without a Python frame of their
+own.
 
 Off (Argus disabled or ``ARGUS_COLLECTIVES=0``) nothing is patched. While torch.compile traces
 or compiles (``torch.compiler.is_compiling``: AOT autograd calls the functional operators on
@@ -172,12 +172,15 @@ class Collectives:
 
     def named(self, label: Any) -> dict[str, str]:
         """Phase name per operation for collectives on the group a functional operator's
-        ``group_name`` argument names (looked up once per name and cached with the group's
-        names; forgotten when a mesh or a registration renames a group)."""
+        ``group_name`` argument names (the group itself where torch passes it, with
+        ``dist.config.compile_on_one_rank``; looked up once per name and cached with the
+        group's names; forgotten when a mesh or a registration renames a group)."""
+        if not isinstance(label, str):  # the group itself (or None): cached by the group
+            return self.names(label)
         entry = self._labelled.get(label)
         if entry is not None and entry[0]() is not None:
             return entry[1]
-        group = _group_named(label) if isinstance(label, str) else None
+        group = _group_named(label)
         names = self.names(group)
         if group is not None:
             if len(self._labelled) >= MAX_PENDING:
@@ -208,8 +211,17 @@ class Collectives:
 
     def _name_group(self, group: Any, axis: str) -> None:
         self._axis_of[id(group)] = (_held_weakly(group), axis)
-        self._names.pop(id(group), None)
+        self._forget_names(group)
+
+    def _forget_names(self, group: Any = None) -> None:
+        """Name ``group`` (None: every group) afresh at its next collective."""
+        if group is None:
+            self._names.clear()
+        else:
+            self._names.pop(id(group), None)
         self._labelled.clear()
+        if self.native is not None:  # the C wrappers remember their last group's name
+            self.native.renamed()
 
     def _default_axis(self, group: Any) -> str:
         try:
@@ -269,8 +281,7 @@ class Collectives:
         identity = self.tracer.identity
         if identity.coords_given:
             return
-        self._names.clear()  # the default group's axis may change with the coordinates
-        self._labelled.clear()
+        self._forget_names()  # the default group's axis may change with the coordinates
         self.tracer.update_coords({a: self._learned.get(a, 0) for a in AXES})
 
     # -- timing --------------------------------------------------------------------------
@@ -465,6 +476,7 @@ def _patch_functional(state: Collectives) -> None:
 
     if _installed is not state:  # uninstalled before the functional module was imported
         return
+    address = _storage_address(torch)
     for namespace, operators in (*FUNCTIONAL_OPS.items(), ("_c10d_functional",
                                                            {"wait_tensor": None})):
         for name, op in operators.items():
@@ -477,17 +489,21 @@ def _patch_functional(state: Collectives) -> None:
                 original = vars(owner).get("_op")
                 if original is None or getattr(original, "_argus", False):
                     continue
-                state.patch(owner, "_op", _timed_wait_tensor(state, original) if op is None
-                            else _timed_operator(state, original, op))
+                state.patch(owner, "_op", _timed_wait_tensor(state, original, address)
+                            if op is None else _timed_operator(state, original, op, address))
 
 
-def _timed_wait_tensor(state: Collectives, wait_tensor: Any) -> Any:
-    """``wait_tensor`` that ends the collective whose result it waits for, if one is timed."""
+def _timed_wait_tensor(state: Collectives, wait_tensor: Any,
+                       address: Callable[[Any], int]) -> Any:
+    """``wait_tensor`` that ends the collective whose result it waits for, if one is timed
+    (found by the ``address`` of its storage)."""
     tensors = state.tensors
     end, mark = state.end, state.tracer.mark_now
+    if state.native is not None:  # the same calls, no Python frame
+        return state.native.TimedWait(wait_tensor, tensors, mark, end, key=address)
 
     def timed_wait_tensor(tensor, *args, **kwargs):
-        token = tensors.pop(_storage(tensor), None) if tensors else None
+        token = tensors.pop(_storage(address, tensor), None) if tensors else None
         if token is None:
             return wait_tensor(tensor, *args, **kwargs)
         waited_from = mark()  # now, on the current stream
@@ -499,14 +515,18 @@ def _timed_wait_tensor(state: Collectives, wait_tensor: Any) -> Any:
     return _never_compiled(timed_wait_tensor)
 
 
-def _timed_operator(state: Collectives, original: Any, op: str) -> Any:
+def _timed_operator(state: Collectives, original: Any, op: str,
+                    address: Callable[[Any], int]) -> Any:
     """A functional collective operator timed from its call to the ``wait_tensor`` of its
-    result (of a list of results, the last one's), its group read off its ``group_name``
-    argument (the last positional one)."""
+    result (of a list of results, the last one's; found by the ``address`` of its storage),
+    its group read off its ``group_name`` argument (the last positional one)."""
     import torch
 
     tensors, tensor_type, labelled = state.tensors, torch.Tensor, state._labelled
     begin, end, named = state.begin, state.end, state.named
+    if state.native is not None:  # the same calls, no Python frame
+        return state.native.TimedOperator(original, op, state, begin, end, state.remember,
+                                          MAX_PENDING, tensor_type, address)
 
     def timed(*args, **kwargs):
         if state.muted or state.compiling():
@@ -521,20 +541,29 @@ def _timed_operator(state: Collectives, original: Any, op: str) -> Any:
             if not isinstance(last, tensor_type):
                 end(token, None)
             elif len(tensors) < MAX_PENDING:
-                tensors[_storage(last)] = token
+                tensors[_storage(address, last)] = token
             else:
-                state.remember(tensors, _storage(last), token)
+                state.remember(tensors, _storage(address, last), token)
         return result
 
     timed._argus = True  # type: ignore[attr-defined]
     return _never_compiled(timed)
 
 
-def _storage(tensor: Any) -> int:
-    """Where a tensor's data lives: the same for the views DTensor waits on as for the
-    collective's result."""
+def _storage_address(torch: Any) -> Callable[[Any], int]:
+    """The address of a tensor's storage: the same for the views DTensor waits on as for the
+    collective's result. ``torch._C._storage_address`` (one call, no object made) where this
+    torch has it, else its untyped storage's data pointer."""
+    address = getattr(torch._C, "_storage_address", None)
+    if callable(address):
+        return address
+    return lambda tensor: tensor.untyped_storage().data_ptr()
+
+
+def _storage(address: Callable[[Any], int], tensor: Any) -> int:
+    """Where ``tensor``'s data lives (``address(tensor)``); its id where it has no storage."""
     try:
-        return tensor.untyped_storage().data_ptr()
+        return address(tensor)
     except Exception:
         return id(tensor)
 

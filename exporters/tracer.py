@@ -97,7 +97,7 @@ class _Step:
         self.wall_s = 0.0
         self.cpu_wait_s: float | None = None  # the closing thread's wait for a CPU
         self.end = NO_MARK
-        self.collectives = 0  # collective intervals (their waits are taken out of phases)
+        self.collectives = False  # holds a collective (their waits are taken out of phases)
         self.marks.clear()
         self.cells.clear()
         self.spans.clear()
@@ -252,6 +252,7 @@ class Tracer:
         self._off = False  # closed or in a forked child: the hot path checks one flag
         self._cpu = 0.0  # training-thread CPU time measured in the current sampled step
         self._sampled = True  # CPU clocks are read in 1 step of CPU_SAMPLE_EVERY (they cost)
+        self._recorder: Any = None  # the collective hooks' C recorder (collective_recording)
         weak = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: (t := weak()) and t._forked())
         self._wake = threading.Event()
@@ -294,7 +295,13 @@ class Tracer:
 
     def _forked(self) -> None:
         self._in_child = True
+        self._turn_off()
+
+    def _turn_off(self) -> None:
+        """Record nothing from now on (closed, or a forked child)."""
         self._off = True
+        if self._recorder is not None:
+            self._recorder.off = True
 
     # -- the training-thread API -------------------------------------------------------
     def begin_phase(self, name: str, stream: Any = None, span: bool = False,
@@ -368,7 +375,7 @@ class Tracer:
                     key = 0 if self._one_stream else self._stream_key(stream)
                     marks.append(self.mark_now())
                 cells.extend((name, start, NO_MARK, COLLECTIVE, NO_MARK, key, stream, peer))
-                step.collectives += 1
+                step.collectives = True
                 token = (step.index << SLOT_BITS) | base
         finally:
             lock.release()
@@ -385,9 +392,16 @@ class Tracer:
         if (native is None or self._device or not self._one_stream
                 or self.mark_now is not perf_counter_ns):
             return self.begin_collective, self.end_collective
-        recorder = native.HostRecorder(
-            self, self.mark_now, self.begin_collective, self.end_collective, COLLECTIVE,
-            NO_MARK, 0, MAX_CELLS, STRIDE, END, WAITED, SLOT_BITS, FULL)
+        with self._lock:  # one recorder a tracer: step() hands it each new step
+            recorder = self._recorder
+            if recorder is None:
+                recorder = native.HostRecorder(
+                    self, self._lock, self.mark_now, self.begin_collective,
+                    self.end_collective, COLLECTIVE, NO_MARK, 0, MAX_CELLS, STRIDE, END,
+                    WAITED, SLOT_BITS, FULL)
+                recorder.enter(self._current)
+                recorder.off, recorder.sampled = self._off, self._sampled
+                self._recorder = recorder
         return recorder.begin, recorder.end
 
     def _start_mark(self, step: _Step, stream: Any) -> tuple[int, int]:
@@ -568,6 +582,8 @@ class Tracer:
             self._pending.append(step)
             following.reset(step.index + 1)
             self._current = following
+            if self._recorder is not None:
+                self._recorder.enter(following)
             if self.open_at_previous_end:
                 self._open(following)
                 following.marks.append(self._mark(where))
@@ -591,7 +607,9 @@ class Tracer:
         if sampled:  # scale the sampled step's cost to the steps it stands for
             self.health.add_cpu((self._cpu + thread_time() - cpu0) * CPU_SAMPLE_EVERY)
             self._cpu = 0.0
-        self._sampled = (step.index + 1) % CPU_SAMPLE_EVERY == 0
+        self._sampled = sampled = (step.index + 1) % CPU_SAMPLE_EVERY == 0
+        if self._recorder is not None:
+            self._recorder.sampled = sampled
 
     # -- resolution ----------------------------------------------------------------------
     def _recycle(self, step: _Step) -> None:
@@ -795,7 +813,7 @@ class Tracer:
             with contextlib.suppress(Exception):
                 probe.shutdown(timeout)
         self._closed = True
-        self._off = True
+        self._turn_off()
         self._wake.set()
         self._resolver.join(timeout)
         self.poll(block=True)

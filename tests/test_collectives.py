@@ -245,7 +245,13 @@ ONE_RANK = ONE_RANK_START + textwrap.dedent("""
         optimizer.step()
     sub = dist.new_group([0])
     argus_exporters.register_group(sub, "pp")
+    ops = torch.ops._c10d_functional
+    out = model(x)
     dist.all_reduce(x, group=sub)
+    funcol.all_reduce(x, "sum", sub).wait()                 # its name as the label
+    ops.wait_tensor(ops.all_reduce(x, "sum", sub))          # the group itself as the label
+    out.sum().backward()                                    # (dist.config.compile_on_one_rank)
+    optimizer.step()
     state = collectives.installed()
     pending = len(state.works) + len(state.tensors) if state else 0
     hooks = type(vars(dist.ProcessGroup)["allreduce"]).__name__  # the wrappers installed
@@ -289,23 +295,27 @@ def _native_or_skip(native: str) -> None:
 
 
 HOOKS = {"1": "TimedMethod", "0": "function"}  # ARGUS_NATIVE_HOOKS -> the wrappers' type
+FUNCTIONAL = {"1": "TimedOperator", "0": "function"}  # ... and the functional operators'
 
 
 @pytest.mark.parametrize("native", ["1", "0"], ids=["c-wrappers", "python-wrappers"])
 def test_every_collective_is_named_by_its_group_and_waited_for(tmp_path, native):
     """Sync, async and functional collectives each end at their wait (none left pending),
     named after their group: the default group is ``dp`` until a ``("tp",)`` mesh over the
-    world names it ``tp``. Alike with the hooks' C wrappers and with their Python ones."""
+    world names it ``tp``; a registered group is named by its axis, whether a functional
+    operator is given its name or the group itself. Alike with the hooks' C wrappers and with
+    their Python ones."""
     _native_or_skip(native)
     result, trace = _run_one_rank(tmp_path, {"ARGUS_NATIVE_HOOKS": native})
     assert result["hooks"] == HOOKS[native]
     steps = _names_by_step(trace)
-    assert len(steps) == 4 and result["pending"] == 0
+    assert len(steps) == 5 and result["pending"] == 0
+    assert steps[4] == {"forward", "pp-allreduce", "backward", "optimizer"}
     # nothing of Argus keeps a destroyed group alive (torn down at exit, gloo aborts)
     assert result["groups_alive_after_destroy"] == 0
     for names in steps[:2]:
         assert names == {"forward", "dp-allreduce", "dp-allgather", "backward", "optimizer"}
-    for names in steps[2:]:
+    for names in steps[2:4]:
         assert names == {"forward", "tp-allreduce", "tp-allgather", "backward", "optimizer"}
 
 
@@ -490,6 +500,7 @@ RECORDED = ONE_RANK_START + textwrap.dedent("""
     funcol.all_reduce(x, "sum", group).wait()               # DTensor's path
     ops = torch.ops._c10d_functional                        # a compiled graph's calls
     ops.wait_tensor(ops.all_gather_into_tensor(x, 1, group_name=group.group_name))
+    ops.wait_tensor(ops.all_reduce(x, "sum", group.group_name)[1:])  # waited through a view
     unwaited = dist.all_reduce(x, async_op=True)            # issued, never waited
     try:
         group.allreduce("not a tensor")                     # the backend refuses the call
@@ -518,7 +529,7 @@ def test_the_c_wrappers_record_what_the_python_ones_record(tmp_path):
     refuses) leave the same intervals in the step with the hooks' C wrappers
     and recording as with their Python ones: each one's name, marks, kind, wait and stream,
     and the same pending work and the same error for the refused call, raised to the
-    caller."""
+    caller. A functional collective waited for through a view of its result ends there."""
     _native_or_skip("1")
     script = tmp_path / "recorded.py"
     script.write_text(RECORDED)
@@ -532,7 +543,7 @@ def test_the_c_wrappers_record_what_the_python_ones_record(tmp_path):
         assert proc.returncode == 0, proc.stderr
         got[native] = json.loads(proc.stdout.strip().splitlines()[-1])
         assert got[native].pop("hooks") == HOOKS[native]
-        assert got[native].pop("functional") == "function"  # Python wrappers either way
+        assert got[native].pop("functional") == FUNCTIONAL[native]
     assert got["1"] == got["0"]
     assert got["1"]["refused"] and got["1"]["pending"] == 1 and got["1"]["tensors"] == 0
     assert got["1"]["index"] == 1 and not got["1"]["sampled"]
@@ -540,7 +551,85 @@ def test_the_c_wrappers_record_what_the_python_ones_record(tmp_path):
     names = got["1"]["cells"][::8]  # STRIDE cells an interval, its name first
     assert names == ["dp-allreduce", "dp-allreduce", "dp-allgather", "dp-broadcast",
                      "dp-barrier", "dp-allreduce", "dp-allgather", "dp-allreduce",
-                     "dp-allreduce"]
+                     "dp-allreduce", "dp-allreduce"]
+    ended = got["1"]["cells"][2::8]  # each one's END mark: none for the unwaited and refused
+    assert [mark >= 0 for mark in ended] == [True] * 8 + [False, False]
+
+
+def _host_recording(tmp_path):
+    """A tracer on the host clock and the hooks' C recording of it (skipped where the
+    extension cannot be built), past its first, CPU-sampled step."""
+    from argus_exporters._native.extension import load_hooks
+
+    _native_or_skip("1")
+    tracer = Tracer(Settings(enabled=True, sink=f"file://{tmp_path}", flush_s=0.05), IDENTITY,
+                    clock=HostClock())
+    begin, end = tracer.collective_recording(load_hooks())
+    assert tracer.collective_recording(load_hooks()) == (begin, end)  # one recorder a tracer
+    tracer.step()
+    end(begin("dp-allreduce"), None)  # the step's first mark: the tracer's own method
+    return tracer, begin, end
+
+
+def test_the_c_recording_follows_the_tracer_step_to_step(tmp_path):
+    """The C recorder's marks are the tracer's host clock (perf_counter_ns), its tokens name
+    the step they were issued in, it flags the step as holding collectives, a step closed
+    under it is recorded no more (its end counted late), and once the tracer is shut down it
+    records nothing."""
+    import time
+
+    from argus_exporters.tracer import END, SLOT_BITS, START, STRIDE
+
+    tracer, begin, end = _host_recording(tmp_path)
+    step = tracer._current
+    before = time.perf_counter_ns()
+    token = begin("dp-allgather")
+    after = time.perf_counter_ns()
+    base = len(step.cells) - STRIDE
+    assert token == (step.index << SLOT_BITS) | base and step.index == 1
+    assert step.cells[base] == "dp-allgather" and step.collectives
+    assert before <= step.marks[step.cells[base + START]] <= after
+    end(token, None)
+    assert step.cells[base + END] == len(step.marks) - 1
+    late = begin("dp-allreduce")
+    tracer.step()
+    end(late, None)  # its step has closed
+    assert tracer.health.dropped["late_phase"] == 1
+    follower = tracer._current
+    end(begin("dp-allreduce"), None)  # the new step's first mark: the tracer's method
+    end(begin("dp-broadcast"), None)
+    assert follower.cells[::STRIDE] == ["dp-allreduce", "dp-broadcast"]
+    tracer.shutdown()
+    assert begin("dp-allreduce") is None
+
+
+def test_the_c_recording_waits_for_a_thread_holding_the_tracers_lock(tmp_path):
+    """A collective begun while another thread is inside the tracer's lock (closing a step,
+    reading its marks) waits until the lock is free: the C recorder never writes a step that
+    another thread is in the middle of reading or replacing."""
+    import threading
+
+    from argus_exporters.tracer import STRIDE
+
+    tracer, begin, end = _host_recording(tmp_path)
+    step = tracer._current
+    tokens: list = []
+    issued = threading.Event()
+
+    def issue() -> None:
+        tokens.append(begin("dp-allgather"))
+        issued.set()
+
+    with tracer._lock:
+        thread = threading.Thread(target=issue)
+        thread.start()
+        assert not issued.wait(0.3)  # blocked while the lock is held
+        held = len(step.cells)
+    thread.join(timeout=60)
+    assert issued.is_set() and held == STRIDE  # nothing was written meanwhile
+    end(tokens[0], None)
+    assert step.cells[::STRIDE] == ["dp-allreduce", "dp-allgather"]
+    tracer.shutdown()
 
 
 def test_hooks_that_cannot_be_built_fall_back_to_python(tmp_path):

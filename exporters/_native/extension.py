@@ -20,9 +20,10 @@ _module: ModuleType | None = None
 
 
 def load_hooks() -> ModuleType | None:
-    """``_argus_hooks`` (``TimedMethod``, ``TimedWait``), or None where it cannot be built
-    or loaded here (no compiler, no Python.h, another ABI: said once in the log; the hooks'
-    Python wrappers do the same work a few microseconds slower per collective)."""
+    """``_argus_hooks`` (``TimedMethod``, ``TimedWait``, ``TimedOperator``,
+    ``HostRecorder``), or None where it cannot be built or loaded here (no compiler, no
+    Python.h, another ABI: said once in the log; the hooks' Python wrappers do the same work a
+    few microseconds slower per collective)."""
     global _tried, _module
     with _lock:
         if not _tried:

@@ -3,7 +3,7 @@
  * a Python frame of their own.
  *
  * A collective's wrappers run on the training thread right after it returns from waiting
- * on the backend, with the caches cold: each Python frame, bytecode and inline cache they
+ * on the backend, with the caches cold: each Python frame, attribute lookup and object they
  * touch costs there several times its hot time. These types do what the Python wrappers do,
  * in the same order and with the same objects (the tracer's methods, the hooks' dictionaries
  * and caches), so either implementation records the same intervals; ``collectives.py`` uses
@@ -11,24 +11,461 @@
  *
  * TimedMethod(original, op, state, begin, end, remember, max_pending): a ProcessGroup
  *     method (not a point-to-point one); binds like a function (an unbound method
- *     descriptor: ``group.allreduce(...)`` calls it with the group first).
- * TimedWait(original, works, mark, end): ``Work.wait``.
- * HostRecorder(tracer, layout): the tracer's ``begin_collective`` and ``end_collective`` on
- *     the host clock (``recorder.begin``, ``recorder.end``), the same cells and marks in the
- *     same order under the tracer's lock; anything off the common path (the tracer off, a
- *     step whose CPU time is sampled, its first mark, a late or full end) is left to the
- *     tracer's own methods.
+ *     descriptor: ``group.allreduce(...)`` calls it with the group first). It remembers the
+ *     phase name of the last group it was called on (until ``renamed()``).
+ * TimedWait(original, works, mark, end, key=None): ``Work.wait``; with ``key`` (the
+ *     address of a tensor's storage), ``wait_tensor`` (``_timed_wait_tensor``: its pending
+ *     collectives are keyed by their result's storage).
+ * TimedOperator(original, op, state, begin, end, remember, max_pending, tensor_type, key):
+ *     a functional collective operator (``_timed_operator``). It remembers the phase name of
+ *     the last group label it was called with (until ``renamed()``).
+ * HostRecorder(tracer, lock, mark, begin, end, layout...): the tracer's ``begin_collective``
+ *     and ``end_collective`` on the host clock (``recorder.begin``, ``recorder.end``): the
+ *     same cells and marks in the same order. Its hot state lives here: the tracer hands it
+ *     each new step (``enter``) and its ``off`` and ``sampled`` flags. Instead of taking the
+ *     tracer's lock it checks that nobody holds it: it runs holding the GIL and never lets
+ *     it go, so no thread can be inside the lock's Python section meanwhile. Anything off the
+ *     common path (the tracer off, a step whose CPU time is sampled, its first mark, a late
+ *     or full end, the lock held) is left to the tracer's own methods.
+ * The wrappers given a HostRecorder's begin and end call it directly, without a call through
+ * Python.
+ *
+ * The recorder relies on the GIL, so the module does not declare itself free-threading safe:
+ * on a free-threaded Python, importing it turns the GIL back on (``ARGUS_NATIVE_HOOKS=0``
+ * keeps the Python wrappers there).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <time.h>
 
-#define ARGUS_HOOKS_ABI 1
+#define ARGUS_HOOKS_ABI 2
 
-static PyObject *str_muted;     /* "muted" */
-static PyObject *str_compiling; /* "compiling" */
-static PyObject *str_names;     /* "names" */
-static PyObject *str_cache;     /* "_names" */
+static PyObject *str_muted;       /* "muted" */
+static PyObject *str_compiling;   /* "compiling" */
+static PyObject *str_names;       /* "names" */
+static PyObject *str_cache;       /* "_names" */
+static PyObject *str_cells, *str_marks, *str_index, *str_collectives;
+static PyObject *str_labelled;    /* "_labelled" */
+static PyObject *str_named;       /* "named" */
+static PyObject *str_group_name;  /* "group_name" */
+static PyObject *no_peer;         /* NO_PEER (-1) */
+static unsigned long long names_generation; /* bumped by renamed(): the wrappers' names go */
+
+/* The object of weak reference ``ref`` is alive. */
+static int alive(PyObject *ref) {
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *held = NULL;
+    int found = PyWeakref_GetRef(ref, &held);
+    if (found < 0) {
+        PyErr_Clear();
+    }
+    Py_XDECREF(held);
+    return found == 1;
+#else
+    return PyWeakref_GetObject(ref) != Py_None;
+#endif
+}
+
+/* ``ref`` (a weak reference) still refers to ``obj``. */
+static int refers_to(PyObject *ref, PyObject *obj) {
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *held = NULL;
+    if (PyWeakref_GetRef(ref, &held) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    int same = held == obj;
+    Py_XDECREF(held);
+    return same;
+#else
+    return PyWeakref_GetObject(ref) == obj;
+#endif
+}
+
+
+/* ---- the host clock's recording ------------------------------------------------------ */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *tracer;
+    PyObject *locked;     /* tracer._lock.locked */
+    PyObject *mark;       /* tracer.mark_now (time.perf_counter_ns) */
+    PyObject *begin;      /* tracer.begin_collective (everything off the common path) */
+    PyObject *end;        /* tracer.end_collective */
+    PyObject *kind;       /* COLLECTIVE */
+    PyObject *no_mark;    /* NO_MARK */
+    PyObject *key;        /* the host clock's one stream key */
+    PyObject *step;       /* the tracer's current step (enter) and its lists */
+    PyObject *cells;
+    PyObject *marks;
+    long long index;      /* the current step's index */
+    Py_ssize_t max_cells, end_cell, waited_cell;
+    long long slot_bits, full;
+    char off;             /* the tracer is off (closed, or a forked child) */
+    char sampled;         /* the current step's CPU time is measured (the tracer's methods) */
+    char flagged;         /* the current step knows it holds a collective */
+    char direct_clock;    /* CLOCK_MONOTONIC read here is what ``mark`` returns */
+} HostRecorder;
+
+static PyTypeObject HostRecorderType;
+
+/* A mark now (new reference): ``mark()``, read here where that is the same clock. */
+static PyObject *mark_now(HostRecorder *self) {
+#ifdef __linux__
+    if (self->direct_clock) {
+        struct timespec now;
+        if (clock_gettime(CLOCK_MONOTONIC, &now) == 0) {
+            return PyLong_FromLongLong((long long)now.tv_sec * 1000000000LL + now.tv_nsec);
+        }
+    }
+#endif
+    return PyObject_CallNoArgs(self->mark);
+}
+
+/* The tracer's lock is held (by any thread): 1, 0, or -1 with an exception set. */
+static int lock_held(HostRecorder *self) {
+    PyObject *held = PyObject_CallNoArgs(self->locked);
+    if (held == NULL) {
+        return -1;
+    }
+    int truth = PyObject_IsTrue(held);
+    Py_DECREF(held);
+    return truth;
+}
+
+/* begin_collective(name, peer)'s common path: 1 with the token in *token (new reference),
+ * 0 when it is left to the tracer's method, -1 with an exception set. */
+static int record_begin(HostRecorder *self, PyObject *name, PyObject *peer, PyObject **token) {
+    if (self->off) {
+        *token = Py_NewRef(Py_None);
+        return 1;
+    }
+    if (self->sampled || self->cells == NULL) { /* its CPU time is measured there */
+        return 0;
+    }
+    int held = lock_held(self);
+    if (held != 0) {
+        return held < 0 ? -1 : 0;
+    }
+    PyObject *cells = self->cells, *marks = self->marks;
+    Py_ssize_t base = PyList_GET_SIZE(cells);
+    if (base >= self->max_cells) {
+        *token = PyLong_FromLongLong((self->index << self->slot_bits) | self->full);
+        return *token ? 1 : -1;
+    }
+    Py_ssize_t at = PyList_GET_SIZE(marks);
+    if (at == 0) { /* the step's first mark opens it */
+        return 0;
+    }
+    PyObject *now = mark_now(self);
+    if (now == NULL) {
+        return -1;
+    }
+    int failed = PyList_Append(marks, now);
+    Py_DECREF(now);
+    PyObject *start = failed ? NULL : PyLong_FromSsize_t(at);
+    if (start == NULL) {
+        return -1;
+    }
+    PyObject *row[8] = {name, start, self->no_mark, self->kind, self->no_mark, self->key,
+                        Py_None, peer};
+    for (int i = 0; i < 8 && !failed; i++) {
+        failed = PyList_Append(cells, row[i]);
+    }
+    Py_DECREF(start);
+    if (failed) {
+        return -1;
+    }
+    if (!self->flagged) {
+        if (PyObject_SetAttr(self->step, str_collectives, Py_True) < 0) {
+            return -1;
+        }
+        self->flagged = 1;
+    }
+    *token = PyLong_FromLongLong((self->index << self->slot_bits) | (long long)base);
+    return *token ? 1 : -1;
+}
+
+/* end_collective(token, waited_from)'s common path: 1 when ended, 0 when left to the
+ * tracer's method (None, a late or full token, the tracer off), -1 with an exception set. */
+static int record_end(HostRecorder *self, PyObject *token_object, PyObject *waited_from) {
+    if (!PyLong_CheckExact(token_object) || self->off || self->cells == NULL) {
+        return 0;
+    }
+    long long token = PyLong_AsLongLong(token_object);
+    if (token == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    PyObject *cells = self->cells, *marks = self->marks;
+    long long base = token & ((1LL << self->slot_bits) - 1);
+    if ((token >> self->slot_bits) != self->index || base == self->full ||
+        base + self->waited_cell >= PyList_GET_SIZE(cells)) {
+        return 0;
+    }
+    int held = lock_held(self);
+    if (held != 0) {
+        return held < 0 ? -1 : 0;
+    }
+    PyObject *now = mark_now(self);
+    if (now == NULL) {
+        return -1;
+    }
+    PyObject *end = PyLong_FromSsize_t(PyList_GET_SIZE(marks));
+    if (end == NULL || PyList_SetItem(cells, base + self->end_cell, end) < 0 ||
+        PyList_Append(marks, now) < 0) { /* SetItem takes ``end`` either way */
+        Py_DECREF(now);
+        return -1;
+    }
+    Py_DECREF(now);
+    if (waited_from != Py_None) {
+        PyObject *waited = PyLong_FromSsize_t(PyList_GET_SIZE(marks));
+        if (waited == NULL || PyList_SetItem(cells, base + self->waited_cell, waited) < 0 ||
+            PyList_Append(marks, waited_from) < 0) {
+            return -1;
+        }
+    }
+    return 1;
+}
+
+/* recorder.begin(name, peer=NO_PEER): tracer.begin_collective(name, peer) on the host clock. */
+static PyObject *recorder_begin(HostRecorder *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "begin(name, peer=-1)");
+        return NULL;
+    }
+    PyObject *token = NULL;
+    int done = record_begin(self, args[0], nargs > 1 ? args[1] : no_peer, &token);
+    if (done != 0) {
+        return done < 0 ? NULL : token;
+    }
+    return PyObject_Vectorcall(self->begin, args, nargs, NULL);
+}
+
+/* recorder.end(token, waited_from=None): tracer.end_collective on the host clock. */
+static PyObject *recorder_end(HostRecorder *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "end(token, waited_from=None)");
+        return NULL;
+    }
+    int done = record_end(self, args[0], nargs > 1 ? args[1] : Py_None);
+    if (done != 0) {
+        return done < 0 ? NULL : Py_NewRef(Py_None);
+    }
+    return PyObject_Vectorcall(self->end, args, nargs, NULL);
+}
+
+/* recorder.enter(step): the tracer's current step from now on (under the tracer's lock). */
+static PyObject *recorder_enter(HostRecorder *self, PyObject *step) {
+    PyObject *cells = PyObject_GetAttr(step, str_cells);
+    PyObject *marks = cells ? PyObject_GetAttr(step, str_marks) : NULL;
+    PyObject *index = marks ? PyObject_GetAttr(step, str_index) : NULL;
+    PyObject *flag = index ? PyObject_GetAttr(step, str_collectives) : NULL;
+    long long at = index ? PyLong_AsLongLong(index) : -1;
+    int flagged = flag ? PyObject_IsTrue(flag) : -1;
+    Py_XDECREF(index);
+    Py_XDECREF(flag);
+    if (flagged < 0 || (at == -1 && PyErr_Occurred())) {
+        Py_XDECREF(cells);
+        Py_XDECREF(marks);
+        return NULL;
+    }
+    if (!PyList_CheckExact(cells) || !PyList_CheckExact(marks)) {
+        Py_DECREF(cells);
+        Py_DECREF(marks);
+        PyErr_SetString(PyExc_TypeError, "a step's cells and marks are lists");
+        return NULL;
+    }
+    Py_XSETREF(self->step, Py_NewRef(step));
+    Py_XSETREF(self->cells, cells);
+    Py_XSETREF(self->marks, marks);
+    self->index = at;
+    self->flagged = (char)flagged;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef recorder_methods[] = {
+    {"begin", (PyCFunction)(void (*)(void))recorder_begin, METH_FASTCALL,
+     "tracer.begin_collective(name, peer=-1) on the host clock."},
+    {"end", (PyCFunction)(void (*)(void))recorder_end, METH_FASTCALL,
+     "tracer.end_collective(token, waited_from=None) on the host clock."},
+    {"enter", (PyCFunction)recorder_enter, METH_O,
+     "The tracer's current step from now on (called under the tracer's lock)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef recorder_members[] = {
+    {"off", T_BOOL, offsetof(HostRecorder, off), 0, "The tracer is off: nothing recorded."},
+    {"sampled", T_BOOL, offsetof(HostRecorder, sampled), 0,
+     "The current step's CPU time is measured: the tracer's methods record it."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static int recorder_traverse(HostRecorder *self, visitproc visit, void *arg) {
+    Py_VISIT(self->tracer);
+    Py_VISIT(self->locked);
+    Py_VISIT(self->mark);
+    Py_VISIT(self->begin);
+    Py_VISIT(self->end);
+    Py_VISIT(self->kind);
+    Py_VISIT(self->no_mark);
+    Py_VISIT(self->key);
+    Py_VISIT(self->step);
+    Py_VISIT(self->cells);
+    Py_VISIT(self->marks);
+    return 0;
+}
+
+static int recorder_clear(HostRecorder *self) {
+    Py_CLEAR(self->tracer);
+    Py_CLEAR(self->locked);
+    Py_CLEAR(self->mark);
+    Py_CLEAR(self->begin);
+    Py_CLEAR(self->end);
+    Py_CLEAR(self->kind);
+    Py_CLEAR(self->no_mark);
+    Py_CLEAR(self->key);
+    Py_CLEAR(self->step);
+    Py_CLEAR(self->cells);
+    Py_CLEAR(self->marks);
+    return 0;
+}
+
+static void recorder_dealloc(HostRecorder *self) {
+    PyObject_GC_UnTrack(self);
+    recorder_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Whether CLOCK_MONOTONIC read here gives what ``mark`` returns: read between two of its
+ * marks. 1, 0, or -1 with an exception set. */
+static int same_clock(PyObject *mark) {
+#ifdef __linux__
+    PyObject *before = PyObject_CallNoArgs(mark);
+    struct timespec now;
+    int read = clock_gettime(CLOCK_MONOTONIC, &now);
+    PyObject *after = before ? PyObject_CallNoArgs(mark) : NULL;
+    if (after == NULL) {
+        Py_XDECREF(before);
+        return -1;
+    }
+    long long here = (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
+    long long low = PyLong_AsLongLong(before), high = PyLong_AsLongLong(after);
+    Py_DECREF(before);
+    Py_DECREF(after);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return read == 0 && low <= here && here <= high;
+#else
+    (void)mark;
+    return 0;
+#endif
+}
+
+static PyObject *recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"tracer", "lock", "mark", "begin", "end", "kind", "no_mark",
+                               "key", "max_cells", "stride", "end_cell", "waited_cell",
+                               "slot_bits", "full", NULL};
+    PyObject *tracer, *lock, *mark, *begin, *end, *kind, *no_mark, *key;
+    Py_ssize_t max_cells, stride, end_cell, waited_cell;
+    long long slot_bits, full;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOnnnnLL", keywords, &tracer, &lock,
+                                     &mark, &begin, &end, &kind, &no_mark, &key, &max_cells,
+                                     &stride, &end_cell, &waited_cell, &slot_bits, &full)) {
+        return NULL;
+    }
+    if (slot_bits < 1 || slot_bits > 40 || end_cell >= stride || waited_cell >= stride) {
+        PyErr_SetString(PyExc_ValueError, "HostRecorder: an impossible layout");
+        return NULL;
+    }
+    PyObject *locked = PyObject_GetAttrString(lock, "locked");
+    if (locked == NULL) {
+        return NULL;
+    }
+    int direct = same_clock(mark);
+    HostRecorder *self = direct < 0 ? NULL : (HostRecorder *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        Py_DECREF(locked);
+        return NULL;
+    }
+    self->tracer = Py_NewRef(tracer);
+    self->locked = locked;
+    self->mark = Py_NewRef(mark);
+    self->begin = Py_NewRef(begin);
+    self->end = Py_NewRef(end);
+    self->kind = Py_NewRef(kind);
+    self->no_mark = Py_NewRef(no_mark);
+    self->key = Py_NewRef(key);
+    self->max_cells = max_cells;
+    self->end_cell = end_cell;
+    self->waited_cell = waited_cell;
+    self->slot_bits = slot_bits;
+    self->full = full;
+    self->sampled = 1; /* until the tracer says otherwise: everything through its methods */
+    self->direct_clock = (char)direct;
+    return (PyObject *)self;
+}
+
+static PyTypeObject HostRecorderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_argus_hooks.HostRecorder",
+    .tp_doc = "The tracer's begin_collective and end_collective on the host clock.",
+    .tp_basicsize = sizeof(HostRecorder),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = recorder_new,
+    .tp_dealloc = (destructor)recorder_dealloc,
+    .tp_traverse = (traverseproc)recorder_traverse,
+    .tp_clear = (inquiry)recorder_clear,
+    .tp_methods = recorder_methods,
+    .tp_members = recorder_members,
+};
+
+/* The HostRecorder whose bound ``function`` ``method`` is (borrowed), or NULL. */
+static HostRecorder *owner_of(PyObject *method, PyCFunction function) {
+    if (!PyCFunction_Check(method) || PyCFunction_GET_FUNCTION(method) != function) {
+        return NULL;
+    }
+    PyObject *owner = PyCFunction_GET_SELF(method);
+    return owner != NULL && Py_TYPE(owner) == &HostRecorderType ? (HostRecorder *)owner : NULL;
+}
+
+#define BEGIN_FUNCTION ((PyCFunction)(void (*)(void))recorder_begin)
+#define END_FUNCTION ((PyCFunction)(void (*)(void))recorder_end)
+
+/* begin(name): through the recorder where there is one (new reference, NULL on error). */
+static PyObject *call_begin(HostRecorder *recorder, PyObject *begin, PyObject *name) {
+    if (recorder != NULL) {
+        PyObject *token = NULL;
+        int done = record_begin(recorder, name, no_peer, &token);
+        if (done != 0) {
+            return done < 0 ? NULL : token;
+        }
+    }
+    return PyObject_CallOneArg(begin, name);
+}
+
+/* end(token, waited_from): 0, or -1 with an exception set. */
+static int call_end(HostRecorder *recorder, PyObject *end, PyObject *token,
+                    PyObject *waited_from) {
+    if (recorder != NULL) {
+        int done = record_end(recorder, token, waited_from);
+        if (done != 0) {
+            return done < 0 ? -1 : 0;
+        }
+    }
+    PyObject *end_args[2] = {token, waited_from};
+    PyObject *done = PyObject_Vectorcall(end, end_args, 2, NULL);
+    if (done == NULL) {
+        return -1;
+    }
+    Py_DECREF(done);
+    return 0;
+}
+
+
+/* ---- the wrappers ---------------------------------------------------------------------- */
 
 typedef struct {
     PyObject_HEAD
@@ -36,10 +473,15 @@ typedef struct {
     PyObject *original;   /* the unwrapped method: original(group, *args, **kwargs) */
     PyObject *op;         /* the operation's key in the group's names */
     PyObject *state;      /* the Collectives the hooks report through */
+    PyObject *attrs;      /* state.__dict__ (muted, compiling, _names read there) */
     PyObject *begin;      /* tracer.begin_collective */
     PyObject *end;        /* tracer.end_collective */
     PyObject *remember;   /* state.remember */
     PyObject *works;      /* state.works: id(work) -> token */
+    HostRecorder *recorder; /* the recorder whose begin and end these are, or NULL */
+    PyObject *seen;       /* a weak reference to the last group named here, */
+    PyObject *seen_name;  /* its phase name, */
+    unsigned long long seen_generation; /* and names_generation then */
     Py_ssize_t max_pending;
 } TimedMethod;
 
@@ -50,20 +492,43 @@ typedef struct {
     PyObject *works;    /* state.works */
     PyObject *mark;     /* tracer.mark_now */
     PyObject *end;      /* tracer.end_collective */
+    HostRecorder *recorder; /* the recorder whose end this is, or NULL */
+    PyObject *key;      /* works are keyed by key(result): its storage's address
+                           (wait_tensor); None: by the id of the Work */
 } TimedWait;
 
+/* Where a tensor's data lives (new reference): key(tensor), the same for the views DTensor
+ * waits on as for the collective's result; its id where it has no storage
+ * (collectives._storage). */
+static PyObject *storage_of(PyObject *key, PyObject *tensor) {
+    PyObject *address = PyObject_CallOneArg(key, tensor);
+    if (address == NULL && PyErr_ExceptionMatches(PyExc_Exception)) {
+        PyErr_Clear();
+        return PyLong_FromVoidPtr(tensor);
+    }
+    return address;
+}
+
+/* state.<name> (new reference), ``attrs`` its __dict__: read there, else as an attribute. */
+static PyObject *state_attr(PyObject *state, PyObject *attrs, PyObject *name) {
+    PyObject *value = PyDict_GetItemWithError(attrs, name); /* borrowed */
+    if (value != NULL) {
+        return Py_NewRef(value);
+    }
+    return PyErr_Occurred() ? NULL : PyObject_GetAttr(state, name);
+}
+
 /* state.muted or state.compiling(): 1, 0, or -1 with an exception set. */
-static int skipped(PyObject *state) {
-    PyObject *muted = PyObject_GetAttr(state, str_muted);
-    if (muted == NULL) {
+static int skipped(PyObject *state, PyObject *attrs) {
+    PyObject *muted = PyDict_GetItemWithError(attrs, str_muted); /* borrowed */
+    if (muted == NULL && PyErr_Occurred()) {
         return -1;
     }
-    int truth = PyObject_IsTrue(muted);
-    Py_DECREF(muted);
+    int truth = muted == NULL ? 0 : PyObject_IsTrue(muted);
     if (truth != 0) {
         return truth;
     }
-    PyObject *check = PyObject_GetAttr(state, str_compiling);
+    PyObject *check = state_attr(state, attrs, str_compiling);
     if (check == NULL) {
         return -1;
     }
@@ -77,10 +542,10 @@ static int skipped(PyObject *state) {
     return truth;
 }
 
-/* The phase name of ``op`` on ``group`` (new reference): the hooks' cache read here, as the
- * Python wrapper reads it, else state.names(group)[op]. */
-static PyObject *phase_name(TimedMethod *self, PyObject *group) {
-    PyObject *cache = PyObject_GetAttr(self->state, str_cache);
+/* The names of ``group``'s operations (new reference): the hooks' cache read here, as the
+ * Python wrapper reads it, else state.names(group). */
+static PyObject *group_names(TimedMethod *self, PyObject *group) {
+    PyObject *cache = state_attr(self->state, self->attrs, str_cache);
     if (cache == NULL) {
         return NULL;
     }
@@ -115,12 +580,35 @@ static PyObject *phase_name(TimedMethod *self, PyObject *group) {
     Py_DECREF(cache);
     if (names == NULL) {
         names = PyObject_CallMethodOneArg(self->state, str_names, group);
-        if (names == NULL) {
-            return NULL;
-        }
+    }
+    return names;
+}
+
+/* The phase name of ``op`` on ``group`` (new reference): the last group's, while no group
+ * was renamed since, else looked up and remembered. */
+static PyObject *phase_name(TimedMethod *self, PyObject *group) {
+    if (self->seen != NULL && self->seen_generation == names_generation &&
+        refers_to(self->seen, group)) {
+        return Py_NewRef(self->seen_name);
+    }
+    unsigned long long generation = names_generation;
+    PyObject *names = group_names(self, group);
+    if (names == NULL) {
+        return NULL;
     }
     PyObject *name = PyObject_GetItem(names, self->op);
     Py_DECREF(names);
+    if (name == NULL || generation != names_generation) { /* renamed meanwhile */
+        return name;
+    }
+    PyObject *seen = PyWeakref_NewRef(group, NULL);
+    if (seen == NULL) { /* a group without weak references: looked up each time */
+        PyErr_Clear();
+        return name;
+    }
+    Py_XSETREF(self->seen, seen);
+    Py_XSETREF(self->seen_name, Py_NewRef(name));
+    self->seen_generation = generation;
     return name;
 }
 
@@ -130,7 +618,7 @@ static PyObject *timed_method_call(TimedMethod *self, PyObject *const *args, siz
     if (nargs < 1) {
         return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
     }
-    int skip = skipped(self->state);
+    int skip = skipped(self->state, self->attrs);
     if (skip < 0) {
         return NULL;
     }
@@ -141,7 +629,7 @@ static PyObject *timed_method_call(TimedMethod *self, PyObject *const *args, siz
     if (name == NULL) {
         return NULL;
     }
-    PyObject *token = PyObject_CallOneArg(self->begin, name);
+    PyObject *token = call_begin(self->recorder, self->begin, name);
     Py_DECREF(name);
     if (token == NULL) {
         return NULL;
@@ -151,28 +639,29 @@ static PyObject *timed_method_call(TimedMethod *self, PyObject *const *args, siz
         Py_DECREF(token);
         return work;
     }
-    PyObject *done = NULL;
+    int failed;
     if (work == Py_None) {
-        PyObject *end_args[2] = {token, Py_None};
-        done = PyObject_Vectorcall(self->end, end_args, 2, NULL);
+        failed = call_end(self->recorder, self->end, token, Py_None);
     } else {
         PyObject *key = PyLong_FromVoidPtr(work);
+        failed = key == NULL;
         if (key != NULL) {
             if (PyDict_CheckExact(self->works) && PyDict_GET_SIZE(self->works) < self->max_pending) {
-                done = PyDict_SetItem(self->works, key, token) == 0 ? Py_NewRef(Py_None) : NULL;
+                failed = PyDict_SetItem(self->works, key, token);
             } else {
                 PyObject *remember_args[3] = {self->works, key, token};
-                done = PyObject_Vectorcall(self->remember, remember_args, 3, NULL);
+                PyObject *done = PyObject_Vectorcall(self->remember, remember_args, 3, NULL);
+                failed = done == NULL;
+                Py_XDECREF(done);
             }
             Py_DECREF(key);
         }
     }
     Py_DECREF(token);
-    if (done == NULL) {
+    if (failed) {
         Py_DECREF(work);
         return NULL;
     }
-    Py_DECREF(done);
     return work;
 }
 
@@ -182,7 +671,8 @@ static PyObject *timed_wait_call(TimedWait *self, PyObject *const *args, size_t 
     if (nargs < 1 || !PyDict_CheckExact(self->works) || PyDict_GET_SIZE(self->works) == 0) {
         return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
     }
-    PyObject *key = PyLong_FromVoidPtr(args[0]);
+    PyObject *key = self->key != Py_None ? storage_of(self->key, args[0])
+                                         : PyLong_FromVoidPtr(args[0]);
     if (key == NULL) {
         return NULL;
     }
@@ -201,26 +691,21 @@ static PyObject *timed_wait_call(TimedWait *self, PyObject *const *args, size_t 
         Py_DECREF(token);
         return NULL;
     }
-    PyObject *waited_from = PyObject_CallNoArgs(self->mark); /* now, on the current stream */
+    /* now, on the current stream */
+    PyObject *waited_from = self->recorder ? mark_now(self->recorder)
+                                           : PyObject_CallNoArgs(self->mark);
     if (waited_from == NULL) {
         Py_DECREF(token);
         return NULL;
     }
     PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
-    if (result == NULL) {
-        Py_DECREF(token);
-        Py_DECREF(waited_from);
-        return NULL;
-    }
-    PyObject *end_args[2] = {token, waited_from};
-    PyObject *done = PyObject_Vectorcall(self->end, end_args, 2, NULL);
+    int failed = result == NULL || call_end(self->recorder, self->end, token, waited_from) < 0;
     Py_DECREF(token);
     Py_DECREF(waited_from);
-    if (done == NULL) {
-        Py_DECREF(result);
+    if (failed) {
+        Py_XDECREF(result);
         return NULL;
     }
-    Py_DECREF(done);
     return result;
 }
 
@@ -288,10 +773,14 @@ static int method_traverse(TimedMethod *self, visitproc visit, void *arg) {
     Py_VISIT(self->original);
     Py_VISIT(self->op);
     Py_VISIT(self->state);
+    Py_VISIT(self->attrs);
     Py_VISIT(self->begin);
     Py_VISIT(self->end);
     Py_VISIT(self->remember);
     Py_VISIT(self->works);
+    Py_VISIT(self->recorder);
+    Py_VISIT(self->seen);
+    Py_VISIT(self->seen_name);
     return 0;
 }
 
@@ -299,10 +788,14 @@ static int method_clear(TimedMethod *self) {
     Py_CLEAR(self->original);
     Py_CLEAR(self->op);
     Py_CLEAR(self->state);
+    Py_CLEAR(self->attrs);
     Py_CLEAR(self->begin);
     Py_CLEAR(self->end);
     Py_CLEAR(self->remember);
     Py_CLEAR(self->works);
+    Py_CLEAR(self->recorder);
+    Py_CLEAR(self->seen);
+    Py_CLEAR(self->seen_name);
     return 0;
 }
 
@@ -310,6 +803,22 @@ static void method_dealloc(TimedMethod *self) {
     PyObject_GC_UnTrack(self);
     method_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* state.__dict__ (new reference), or NULL with an exception set. */
+static PyObject *attributes_of(PyObject *state) {
+    PyObject *attrs = PyObject_GetAttrString(state, "__dict__");
+    if (attrs != NULL && !PyDict_Check(attrs)) {
+        Py_CLEAR(attrs);
+        PyErr_SetString(PyExc_TypeError, "the hooks' state has no __dict__");
+    }
+    return attrs;
+}
+
+/* The recorder whose begin and end these are (borrowed), or NULL. */
+static HostRecorder *recorder_of(PyObject *begin, PyObject *end) {
+    HostRecorder *recorder = owner_of(begin, BEGIN_FUNCTION);
+    return recorder == owner_of(end, END_FUNCTION) ? recorder : NULL;
 }
 
 static PyObject *method_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
@@ -322,22 +831,23 @@ static PyObject *method_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
         return NULL;
     }
     PyObject *works = PyObject_GetAttrString(state, "works");
-    if (works == NULL) {
-        return NULL;
-    }
-    TimedMethod *self = (TimedMethod *)type->tp_alloc(type, 0);
+    PyObject *attrs = works ? attributes_of(state) : NULL;
+    TimedMethod *self = attrs ? (TimedMethod *)type->tp_alloc(type, 0) : NULL;
     if (self == NULL) {
-        Py_DECREF(works);
+        Py_XDECREF(works);
+        Py_XDECREF(attrs);
         return NULL;
     }
     self->vectorcall = (vectorcallfunc)timed_method_call;
     self->original = Py_NewRef(original);
     self->op = Py_NewRef(op);
     self->state = Py_NewRef(state);
+    self->attrs = attrs;
     self->begin = Py_NewRef(begin);
     self->end = Py_NewRef(end);
     self->remember = Py_NewRef(remember);
     self->works = works;
+    self->recorder = (HostRecorder *)Py_XNewRef((PyObject *)recorder_of(begin, end));
     self->max_pending = max_pending;
     return (PyObject *)self;
 }
@@ -347,6 +857,8 @@ static int wait_traverse(TimedWait *self, visitproc visit, void *arg) {
     Py_VISIT(self->works);
     Py_VISIT(self->mark);
     Py_VISIT(self->end);
+    Py_VISIT(self->recorder);
+    Py_VISIT(self->key);
     return 0;
 }
 
@@ -355,6 +867,8 @@ static int wait_clear(TimedWait *self) {
     Py_CLEAR(self->works);
     Py_CLEAR(self->mark);
     Py_CLEAR(self->end);
+    Py_CLEAR(self->recorder);
+    Py_CLEAR(self->key);
     return 0;
 }
 
@@ -365,10 +879,10 @@ static void wait_dealloc(TimedWait *self) {
 }
 
 static PyObject *wait_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"original", "works", "mark", "end", NULL};
-    PyObject *original, *works, *mark, *end;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!OO", keywords, &original, &PyDict_Type,
-                                     &works, &mark, &end)) {
+    static char *keywords[] = {"original", "works", "mark", "end", "key", NULL};
+    PyObject *original, *works, *mark, *end, *key = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!OO|O", keywords, &original,
+                                     &PyDict_Type, &works, &mark, &end, &key)) {
         return NULL;
     }
     TimedWait *self = (TimedWait *)type->tp_alloc(type, 0);
@@ -380,6 +894,254 @@ static PyObject *wait_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     self->works = Py_NewRef(works);
     self->mark = Py_NewRef(mark);
     self->end = Py_NewRef(end);
+    self->key = Py_NewRef(key);
+    /* the recorder's clock stands for ``mark`` only where ``mark`` is the recorder's */
+    HostRecorder *recorder = owner_of(end, END_FUNCTION);
+    if (recorder != NULL && recorder->mark != mark) {
+        recorder = NULL;
+    }
+    self->recorder = (HostRecorder *)Py_XNewRef((PyObject *)recorder);
+    return (PyObject *)self;
+}
+
+/* ---- the functional collective operators ---------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *original;   /* the functional operator's callable */
+    PyObject *op;         /* the operation's key in the group's names */
+    PyObject *state;      /* the Collectives */
+    PyObject *attrs;      /* state.__dict__ */
+    PyObject *begin, *end, *remember;
+    PyObject *tensors;    /* state.tensors: result's storage -> token */
+    PyObject *tensor_type; /* torch.Tensor */
+    PyObject *key;        /* the address of a tensor's storage */
+    HostRecorder *recorder; /* the recorder whose begin and end these are, or NULL */
+    PyObject *seen_label; /* the last group label named here, */
+    PyObject *seen;       /* a weak reference to its group, */
+    PyObject *seen_name;  /* its phase name, */
+    unsigned long long seen_generation; /* and names_generation then */
+    Py_ssize_t max_pending;
+} TimedOperator;
+_Static_assert(offsetof(TimedOperator, original) == offsetof(Hook, original), "Hook's prefix");
+
+/* The group label a functional operator is called with: its ``group_name`` keyword, else its
+ * last positional argument, else None (borrowed). */
+static PyObject *group_label(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    if (kwnames != NULL) {
+        Py_ssize_t count = PyTuple_GET_SIZE(kwnames);
+        for (Py_ssize_t i = 0; i < count; i++) {
+            if (PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, i), str_group_name) == 0) {
+                return args[nargs + i];
+            }
+        }
+    }
+    return nargs > 0 ? args[nargs - 1] : Py_None;
+}
+
+/* The phase name of the operator's ``op`` on the group ``label`` names (new reference): the
+ * last label's while its group lives and none was renamed since; else the hooks' cache read
+ * here, as the Python wrapper reads it, else state.named(label)[op]. */
+static PyObject *labelled_name(TimedOperator *self, PyObject *label) {
+    if (self->seen_label != NULL && self->seen_generation == names_generation) {
+        /* funcol passes group.group_name: an equal string, not the same one, each call */
+        int same = self->seen_label == label ? 1
+                   : PyObject_RichCompareBool(self->seen_label, label, Py_EQ);
+        if (same < 0) {
+            return NULL;
+        }
+        if (same && alive(self->seen)) {
+            return Py_NewRef(self->seen_name);
+        }
+    }
+    unsigned long long generation = names_generation;
+    PyObject *cache = state_attr(self->state, self->attrs, str_labelled);
+    if (cache == NULL) {
+        return NULL;
+    }
+    PyObject *names = NULL, *seen = NULL;
+    if (PyDict_Check(cache)) {
+        PyObject *entry = PyDict_GetItemWithError(cache, label); /* borrowed */
+        if (entry == NULL && PyErr_Occurred()) {
+            Py_DECREF(cache);
+            return NULL;
+        }
+        if (entry != NULL && PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 2) {
+            Py_INCREF(entry);
+            PyObject *held = PyObject_CallNoArgs(PyTuple_GET_ITEM(entry, 0));
+            if (held == NULL) {
+                Py_DECREF(entry);
+                Py_DECREF(cache);
+                return NULL;
+            }
+            if (held != Py_None) {
+                names = Py_NewRef(PyTuple_GET_ITEM(entry, 1));
+                if (PyWeakref_CheckRefExact(PyTuple_GET_ITEM(entry, 0))) {
+                    seen = Py_NewRef(PyTuple_GET_ITEM(entry, 0));
+                }
+            }
+            Py_DECREF(held);
+            Py_DECREF(entry);
+        }
+    }
+    Py_DECREF(cache);
+    if (names == NULL) {
+        names = PyObject_CallMethodOneArg(self->state, str_named, label);
+        if (names == NULL) {
+            return NULL;
+        }
+    }
+    PyObject *name = PyObject_GetItem(names, self->op);
+    Py_DECREF(names);
+    if (name != NULL && seen != NULL && generation == names_generation) {
+        Py_XSETREF(self->seen_label, Py_NewRef(label));
+        Py_XSETREF(self->seen, Py_NewRef(seen));
+        Py_XSETREF(self->seen_name, Py_NewRef(name));
+        self->seen_generation = generation;
+    }
+    Py_XDECREF(seen);
+    return name;
+}
+
+/* After the operator returned ``result`` for the collective ``token``: pending until the
+ * wait_tensor of its (last) result, or ended now when it gave no tensor. 0, or -1. */
+static int operator_issued(TimedOperator *self, PyObject *token, PyObject *result) {
+    PyObject *last = result;
+    if (PyList_CheckExact(result) && PyList_GET_SIZE(result) > 0) {
+        last = PyList_GET_ITEM(result, PyList_GET_SIZE(result) - 1);
+    }
+    Py_INCREF(last);
+    int tensor = PyObject_IsInstance(last, self->tensor_type);
+    int failed = tensor < 0;
+    if (tensor == 0) {
+        failed = call_end(self->recorder, self->end, token, Py_None);
+    } else if (tensor > 0) {
+        PyObject *key = storage_of(self->key, last);
+        failed = key == NULL;
+        if (key != NULL) {
+            if (PyDict_CheckExact(self->tensors) &&
+                PyDict_GET_SIZE(self->tensors) < self->max_pending) {
+                failed = PyDict_SetItem(self->tensors, key, token);
+            } else {
+                PyObject *remember_args[3] = {self->tensors, key, token};
+                PyObject *done = PyObject_Vectorcall(self->remember, remember_args, 3, NULL);
+                failed = done == NULL;
+                Py_XDECREF(done);
+            }
+            Py_DECREF(key);
+        }
+    }
+    Py_DECREF(last);
+    return failed ? -1 : 0;
+}
+
+static PyObject *timed_operator_call(TimedOperator *self, PyObject *const *args, size_t nargsf,
+                                     PyObject *kwnames) {
+    int skip = skipped(self->state, self->attrs);
+    if (skip < 0) {
+        return NULL;
+    }
+    if (skip) {
+        return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    }
+    PyObject *label = group_label(args, PyVectorcall_NARGS(nargsf), kwnames);
+    PyObject *name = labelled_name(self, label);
+    if (name == NULL) {
+        return NULL;
+    }
+    PyObject *token = call_begin(self->recorder, self->begin, name);
+    Py_DECREF(name);
+    if (token == NULL) {
+        return NULL;
+    }
+    PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    if (result != NULL && token != Py_None && operator_issued(self, token, result) < 0) {
+        Py_CLEAR(result);
+    }
+    Py_DECREF(token);
+    return result;
+}
+
+static PyMemberDef operator_members[] = {
+    {"__wrapped__", T_OBJECT, offsetof(TimedOperator, original), READONLY, NULL},
+    {"op", T_OBJECT, offsetof(TimedOperator, op), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static int operator_traverse(TimedOperator *self, visitproc visit, void *arg) {
+    Py_VISIT(self->original);
+    Py_VISIT(self->op);
+    Py_VISIT(self->state);
+    Py_VISIT(self->attrs);
+    Py_VISIT(self->begin);
+    Py_VISIT(self->end);
+    Py_VISIT(self->remember);
+    Py_VISIT(self->tensors);
+    Py_VISIT(self->tensor_type);
+    Py_VISIT(self->key);
+    Py_VISIT(self->recorder);
+    Py_VISIT(self->seen_label);
+    Py_VISIT(self->seen);
+    Py_VISIT(self->seen_name);
+    return 0;
+}
+
+static int operator_clear(TimedOperator *self) {
+    Py_CLEAR(self->original);
+    Py_CLEAR(self->op);
+    Py_CLEAR(self->state);
+    Py_CLEAR(self->attrs);
+    Py_CLEAR(self->begin);
+    Py_CLEAR(self->end);
+    Py_CLEAR(self->remember);
+    Py_CLEAR(self->tensors);
+    Py_CLEAR(self->tensor_type);
+    Py_CLEAR(self->key);
+    Py_CLEAR(self->recorder);
+    Py_CLEAR(self->seen_label);
+    Py_CLEAR(self->seen);
+    Py_CLEAR(self->seen_name);
+    return 0;
+}
+
+static void operator_dealloc(TimedOperator *self) {
+    PyObject_GC_UnTrack(self);
+    operator_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *operator_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"original", "op", "state", "begin", "end", "remember",
+                               "max_pending", "tensor_type", "key", NULL};
+    PyObject *original, *op, *state, *begin, *end, *remember, *tensor_type, *key;
+    Py_ssize_t max_pending;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OUOOOOnOO", keywords, &original, &op,
+                                     &state, &begin, &end, &remember, &max_pending,
+                                     &tensor_type, &key)) {
+        return NULL;
+    }
+    PyObject *tensors = PyObject_GetAttrString(state, "tensors");
+    PyObject *attrs = tensors ? attributes_of(state) : NULL;
+    TimedOperator *self = attrs ? (TimedOperator *)type->tp_alloc(type, 0) : NULL;
+    if (self == NULL) {
+        Py_XDECREF(tensors);
+        Py_XDECREF(attrs);
+        return NULL;
+    }
+    self->vectorcall = (vectorcallfunc)timed_operator_call;
+    self->original = Py_NewRef(original);
+    self->op = Py_NewRef(op);
+    self->state = Py_NewRef(state);
+    self->attrs = attrs;
+    self->begin = Py_NewRef(begin);
+    self->end = Py_NewRef(end);
+    self->remember = Py_NewRef(remember);
+    self->tensors = tensors;
+    self->tensor_type = Py_NewRef(tensor_type);
+    self->key = Py_NewRef(key);
+    self->recorder = (HostRecorder *)Py_XNewRef((PyObject *)recorder_of(begin, end));
+    self->max_pending = max_pending;
     return (PyObject *)self;
 }
 
@@ -420,348 +1182,26 @@ static PyTypeObject TimedWaitType = {
     .tp_members = wait_members,
 };
 
-
-/* ---- the host clock's recording ------------------------------------------------------ */
-
-static PyObject *str_off, *str_sampled, *str_lock, *str_current, *str_cells, *str_marks,
-    *str_index, *str_collectives, *str_acquire, *str_release, *one;
-
-typedef struct {
-    PyObject_HEAD
-    PyObject *tracer;
-    PyObject *mark;       /* tracer.mark_now */
-    PyObject *begin;      /* tracer.begin_collective (everything off the common path) */
-    PyObject *end;        /* tracer.end_collective */
-    PyObject *kind;       /* COLLECTIVE */
-    PyObject *no_mark;    /* NO_MARK */
-    PyObject *key;        /* the host clock's one stream key */
-    Py_ssize_t max_cells, stride, end_cell, waited_cell;
-    long long slot_bits, full;
-} HostRecorder;
-
-/* getattr(obj, name) as a truth value: 1, 0, or -1 with an exception set. */
-static int attr_true(PyObject *obj, PyObject *name) {
-    PyObject *value = PyObject_GetAttr(obj, name);
-    if (value == NULL) {
-        return -1;
-    }
-    int truth = PyObject_IsTrue(value);
-    Py_DECREF(value);
-    return truth;
-}
-
-/* lock.acquire() / lock.release(): 0, or -1 with an exception set. */
-static int lock_call(PyObject *lock, PyObject *method) {
-    PyObject *done = PyObject_CallMethodNoArgs(lock, method);
-    if (done == NULL) {
-        return -1;
-    }
-    Py_DECREF(done);
-    return 0;
-}
-
-/* The step's index as a C integer: 0, or -1 with an exception set. */
-static int step_index(PyObject *step, long long *index) {
-    PyObject *value = PyObject_GetAttr(step, str_index);
-    if (value == NULL) {
-        return -1;
-    }
-    *index = PyLong_AsLongLong(value);
-    Py_DECREF(value);
-    return (*index == -1 && PyErr_Occurred()) ? -1 : 0;
-}
-
-/* Under the lock: begin_collective's cells for ``name`` in the current step, its token in
- * *token (NULL: left to the tracer's method). 0, or -1 with an exception set. */
-static int begin_locked(HostRecorder *self, PyObject *name, PyObject *peer, PyObject **token) {
-    PyObject *step = PyObject_GetAttr(self->tracer, str_current);
-    if (step == NULL) {
-        return -1;
-    }
-    int status = -1;
-    PyObject *cells = PyObject_GetAttr(step, str_cells);
-    PyObject *marks = cells ? PyObject_GetAttr(step, str_marks) : NULL;
-    long long index;
-    if (marks == NULL || !PyList_CheckExact(cells) || !PyList_CheckExact(marks) ||
-        step_index(step, &index) < 0) {
-        if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_TypeError, "a step's cells and marks are lists");
-        }
-        goto done;
-    }
-    Py_ssize_t base = PyList_GET_SIZE(cells);
-    if (base >= self->max_cells) {
-        *token = PyLong_FromLongLong((index << self->slot_bits) | self->full);
-        status = *token ? 0 : -1;
-        goto done;
-    }
-    if (PyList_GET_SIZE(marks) == 0) { /* the step's first mark opens it: the method's */
-        *token = NULL;
-        status = 0;
-        goto done;
-    }
-    PyObject *start = PyLong_FromSsize_t(PyList_GET_SIZE(marks));
-    PyObject *now = start ? PyObject_CallNoArgs(self->mark) : NULL;
-    if (now == NULL || PyList_Append(marks, now) < 0) {
-        Py_XDECREF(start);
-        Py_XDECREF(now);
-        goto done;
-    }
-    Py_DECREF(now);
-    PyObject *row[8] = {name, start, self->no_mark, self->kind, self->no_mark, self->key,
-                        Py_None, peer};
-    for (int i = 0; i < 8; i++) {
-        if (PyList_Append(cells, row[i]) < 0) {
-            Py_DECREF(start);
-            goto done;
-        }
-    }
-    Py_DECREF(start);
-    PyObject *count = PyObject_GetAttr(step, str_collectives);
-    PyObject *more = count ? PyNumber_Add(count, one) : NULL;
-    Py_XDECREF(count);
-    if (more == NULL || PyObject_SetAttr(step, str_collectives, more) < 0) {
-        Py_XDECREF(more);
-        goto done;
-    }
-    Py_DECREF(more);
-    *token = PyLong_FromLongLong((index << self->slot_bits) | (long long)base);
-    status = *token ? 0 : -1;
-done:
-    Py_XDECREF(cells);
-    Py_XDECREF(marks);
-    Py_DECREF(step);
-    return status;
-}
-
-/* recorder.begin(name, peer=NO_PEER): tracer.begin_collective(name, peer) on the host clock. */
-static PyObject *recorder_begin(HostRecorder *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "begin(name, peer=-1)");
-        return NULL;
-    }
-    int off = attr_true(self->tracer, str_off);
-    if (off != 0) {
-        return off < 0 ? NULL : Py_NewRef(Py_None);
-    }
-    int sampled = attr_true(self->tracer, str_sampled);
-    if (sampled != 0) { /* its CPU time is measured: the method does that */
-        return sampled < 0 ? NULL : PyObject_Vectorcall(self->begin, args, nargs, NULL);
-    }
-    PyObject *peer = nargs > 1 ? args[1] : NULL;
-    PyObject *no_peer = NULL;
-    if (peer == NULL) {
-        peer = no_peer = PyLong_FromLong(-1);
-        if (peer == NULL) {
-            return NULL;
-        }
-    }
-    PyObject *lock = PyObject_GetAttr(self->tracer, str_lock);
-    if (lock == NULL || lock_call(lock, str_acquire) < 0) {
-        Py_XDECREF(lock);
-        Py_XDECREF(no_peer);
-        return NULL;
-    }
-    PyObject *token = NULL;
-    int status = begin_locked(self, args[0], peer, &token);
-    PyObject *type, *value, *trace;
-    PyErr_Fetch(&type, &value, &trace);
-    int released = lock_call(lock, str_release);
-    Py_DECREF(lock);
-    Py_XDECREF(no_peer);
-    if (status < 0 || released < 0) {
-        if (type != NULL) {
-            PyErr_Restore(type, value, trace);
-        }
-        Py_XDECREF(token);
-        return NULL;
-    }
-    if (token == NULL) { /* off the common path */
-        return PyObject_Vectorcall(self->begin, args, nargs, NULL);
-    }
-    return token;
-}
-
-/* Under the lock: end_collective's marks for ``token``; *late is 1 when the token's step has
- * closed, 0 when ended, 2 when left to the tracer's method. 0, or -1 with an exception. */
-static int end_locked(HostRecorder *self, long long token, PyObject *waited_from, int *late) {
-    PyObject *step = PyObject_GetAttr(self->tracer, str_current);
-    if (step == NULL) {
-        return -1;
-    }
-    int status = -1;
-    PyObject *cells = PyObject_GetAttr(step, str_cells);
-    PyObject *marks = cells ? PyObject_GetAttr(step, str_marks) : NULL;
-    long long index;
-    if (marks == NULL || !PyList_CheckExact(cells) || !PyList_CheckExact(marks) ||
-        step_index(step, &index) < 0) {
-        if (!PyErr_Occurred()) {
-            PyErr_SetString(PyExc_TypeError, "a step's cells and marks are lists");
-        }
-        goto done;
-    }
-    long long base = token & ((1LL << self->slot_bits) - 1);
-    if ((token >> self->slot_bits) != index || base == self->full ||
-        base + self->waited_cell >= PyList_GET_SIZE(cells)) {
-        *late = 2;
-        status = 0;
-        goto done;
-    }
-    PyObject *now = PyObject_CallNoArgs(self->mark);
-    if (now == NULL) {
-        goto done;
-    }
-    PyObject *end = PyLong_FromSsize_t(PyList_GET_SIZE(marks));
-    if (end == NULL || PyList_SetItem(cells, base + self->end_cell, end) < 0) {
-        Py_DECREF(now);
-        goto done; /* SetItem took ``end`` either way */
-    }
-    if (PyList_Append(marks, now) < 0) {
-        Py_DECREF(now);
-        goto done;
-    }
-    Py_DECREF(now);
-    if (waited_from != Py_None) {
-        PyObject *waited = PyLong_FromSsize_t(PyList_GET_SIZE(marks));
-        if (waited == NULL || PyList_SetItem(cells, base + self->waited_cell, waited) < 0 ||
-            PyList_Append(marks, waited_from) < 0) {
-            goto done;
-        }
-    }
-    *late = 0;
-    status = 0;
-done:
-    Py_XDECREF(cells);
-    Py_XDECREF(marks);
-    Py_DECREF(step);
-    return status;
-}
-
-/* recorder.end(token, waited_from=None): tracer.end_collective on the host clock. */
-static PyObject *recorder_end(HostRecorder *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs < 1 || nargs > 2) {
-        PyErr_SetString(PyExc_TypeError, "end(token, waited_from=None)");
-        return NULL;
-    }
-    PyObject *waited_from = nargs > 1 ? args[1] : Py_None;
-    if (!PyLong_CheckExact(args[0])) { /* None (Argus was off at its begin) */
-        return PyObject_Vectorcall(self->end, args, nargs, NULL);
-    }
-    int off = attr_true(self->tracer, str_off);
-    if (off != 0) {
-        return off < 0 ? NULL : PyObject_Vectorcall(self->end, args, nargs, NULL);
-    }
-    long long token = PyLong_AsLongLong(args[0]);
-    if (token == -1 && PyErr_Occurred()) {
-        return NULL;
-    }
-    PyObject *lock = PyObject_GetAttr(self->tracer, str_lock);
-    if (lock == NULL || lock_call(lock, str_acquire) < 0) {
-        Py_XDECREF(lock);
-        return NULL;
-    }
-    int late = 2;
-    int status = end_locked(self, token, waited_from, &late);
-    PyObject *type, *value, *trace;
-    PyErr_Fetch(&type, &value, &trace);
-    int released = lock_call(lock, str_release);
-    Py_DECREF(lock);
-    if (status < 0 || released < 0) {
-        if (type != NULL) {
-            PyErr_Restore(type, value, trace);
-        }
-        return NULL;
-    }
-    if (late != 0) { /* a late or full end: the method counts it */
-        return PyObject_Vectorcall(self->end, args, nargs, NULL);
-    }
-    Py_RETURN_NONE;
-}
-
-static PyMethodDef recorder_methods[] = {
-    {"begin", (PyCFunction)(void (*)(void))recorder_begin, METH_FASTCALL,
-     "tracer.begin_collective(name, peer=-1) on the host clock."},
-    {"end", (PyCFunction)(void (*)(void))recorder_end, METH_FASTCALL,
-     "tracer.end_collective(token, waited_from=None) on the host clock."},
-    {NULL, NULL, 0, NULL},
-};
-
-static int recorder_traverse(HostRecorder *self, visitproc visit, void *arg) {
-    Py_VISIT(self->tracer);
-    Py_VISIT(self->mark);
-    Py_VISIT(self->begin);
-    Py_VISIT(self->end);
-    Py_VISIT(self->kind);
-    Py_VISIT(self->no_mark);
-    Py_VISIT(self->key);
-    return 0;
-}
-
-static int recorder_clear(HostRecorder *self) {
-    Py_CLEAR(self->tracer);
-    Py_CLEAR(self->mark);
-    Py_CLEAR(self->begin);
-    Py_CLEAR(self->end);
-    Py_CLEAR(self->kind);
-    Py_CLEAR(self->no_mark);
-    Py_CLEAR(self->key);
-    return 0;
-}
-
-static void recorder_dealloc(HostRecorder *self) {
-    PyObject_GC_UnTrack(self);
-    recorder_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
-}
-
-static PyObject *recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"tracer", "mark", "begin", "end", "kind", "no_mark", "key",
-                               "max_cells", "stride", "end_cell", "waited_cell", "slot_bits",
-                               "full", NULL};
-    PyObject *tracer, *mark, *begin, *end, *kind, *no_mark, *key;
-    Py_ssize_t max_cells, stride, end_cell, waited_cell;
-    long long slot_bits, full;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOnnnnLL", keywords, &tracer, &mark,
-                                     &begin, &end, &kind, &no_mark, &key, &max_cells, &stride,
-                                     &end_cell, &waited_cell, &slot_bits, &full)) {
-        return NULL;
-    }
-    if (slot_bits < 1 || slot_bits > 40 || end_cell >= stride || waited_cell >= stride) {
-        PyErr_SetString(PyExc_ValueError, "HostRecorder: an impossible layout");
-        return NULL;
-    }
-    HostRecorder *self = (HostRecorder *)type->tp_alloc(type, 0);
-    if (self == NULL) {
-        return NULL;
-    }
-    self->tracer = Py_NewRef(tracer);
-    self->mark = Py_NewRef(mark);
-    self->begin = Py_NewRef(begin);
-    self->end = Py_NewRef(end);
-    self->kind = Py_NewRef(kind);
-    self->no_mark = Py_NewRef(no_mark);
-    self->key = Py_NewRef(key);
-    self->max_cells = max_cells;
-    self->stride = stride;
-    self->end_cell = end_cell;
-    self->waited_cell = waited_cell;
-    self->slot_bits = slot_bits;
-    self->full = full;
-    return (PyObject *)self;
-}
-
-static PyTypeObject HostRecorderType = {
+static PyTypeObject TimedOperatorType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "_argus_hooks.HostRecorder",
-    .tp_doc = "The tracer's begin_collective and end_collective on the host clock.",
-    .tp_basicsize = sizeof(HostRecorder),
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_new = recorder_new,
-    .tp_dealloc = (destructor)recorder_dealloc,
-    .tp_traverse = (traverseproc)recorder_traverse,
-    .tp_clear = (inquiry)recorder_clear,
-    .tp_methods = recorder_methods,
+    .tp_name = "_argus_hooks.TimedOperator",
+    .tp_doc = "A functional collective operator timed for the tracer "
+              "(collectives._timed_operator).",
+    .tp_basicsize = sizeof(TimedOperator),
+    .tp_flags = HOOK_FLAGS,
+    .tp_new = operator_new,
+    .tp_dealloc = (destructor)operator_dealloc,
+    .tp_traverse = (traverseproc)operator_traverse,
+    .tp_clear = (inquiry)operator_clear,
+    .tp_vectorcall_offset = offsetof(TimedOperator, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_descr_get = bind,
+    .tp_getset = hooks_getset,
+    .tp_members = operator_members,
 };
+
+
+/* ---- the module ------------------------------------------------------------------------ */
 
 static PyObject *abi(PyObject *module, PyObject *unused) {
     (void)module;
@@ -769,8 +1209,17 @@ static PyObject *abi(PyObject *module, PyObject *unused) {
     return PyLong_FromLong(ARGUS_HOOKS_ABI);
 }
 
+static PyObject *renamed(PyObject *module, PyObject *unused) {
+    (void)module;
+    (void)unused;
+    names_generation++;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef module_methods[] = {
     {"abi", abi, METH_NOARGS, "The interface version the Python side checks."},
+    {"renamed", renamed, METH_NOARGS,
+     "Groups were renamed: the wrappers look their groups' names up again."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -785,22 +1234,19 @@ PyMODINIT_FUNC PyInit__argus_hooks(void) {
     str_compiling = PyUnicode_InternFromString("compiling");
     str_names = PyUnicode_InternFromString("names");
     str_cache = PyUnicode_InternFromString("_names");
-    str_off = PyUnicode_InternFromString("_off");
-    str_sampled = PyUnicode_InternFromString("_sampled");
-    str_lock = PyUnicode_InternFromString("_lock");
-    str_current = PyUnicode_InternFromString("_current");
     str_cells = PyUnicode_InternFromString("cells");
     str_marks = PyUnicode_InternFromString("marks");
     str_index = PyUnicode_InternFromString("index");
     str_collectives = PyUnicode_InternFromString("collectives");
-    str_acquire = PyUnicode_InternFromString("acquire");
-    str_release = PyUnicode_InternFromString("release");
-    one = PyLong_FromLong(1);
-    if (!str_muted || !str_compiling || !str_names || !str_cache || !str_off ||
-        !str_sampled || !str_lock || !str_current || !str_cells || !str_marks || !str_index ||
-        !str_collectives || !str_acquire || !str_release || !one ||
+    str_labelled = PyUnicode_InternFromString("_labelled");
+    str_named = PyUnicode_InternFromString("named");
+    str_group_name = PyUnicode_InternFromString("group_name");
+    no_peer = PyLong_FromLong(-1);
+    if (!str_muted || !str_compiling || !str_names || !str_cache || !str_cells ||
+        !str_marks || !str_index || !str_collectives || !str_labelled || !str_named ||
+        !str_group_name || !no_peer ||
         PyType_Ready(&TimedMethodType) < 0 || PyType_Ready(&TimedWaitType) < 0 ||
-        PyType_Ready(&HostRecorderType) < 0) {
+        PyType_Ready(&TimedOperatorType) < 0 || PyType_Ready(&HostRecorderType) < 0) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&hooks_module);
@@ -809,6 +1255,7 @@ PyMODINIT_FUNC PyInit__argus_hooks(void) {
     }
     if (PyModule_AddObjectRef(module, "TimedMethod", (PyObject *)&TimedMethodType) < 0 ||
         PyModule_AddObjectRef(module, "TimedWait", (PyObject *)&TimedWaitType) < 0 ||
+        PyModule_AddObjectRef(module, "TimedOperator", (PyObject *)&TimedOperatorType) < 0 ||
         PyModule_AddObjectRef(module, "HostRecorder", (PyObject *)&HostRecorderType) < 0) {
         Py_DECREF(module);
         return NULL;
