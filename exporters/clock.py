@@ -299,11 +299,11 @@ def load_bulk_reader(env: Any = None) -> Any | None:
         EVENTS_ABI,
         EVENTS_SOURCE,
         ShimUnavailableError,
-        locate,
+        open_library,
     )
 
     try:
-        library = ctypes.CDLL(str(locate(env, EVENTS_SOURCE)))
+        library = open_library(EVENTS_SOURCE, lambda path: ctypes.CDLL(str(path)), env)
         if library.argus_events_abi() != EVENTS_ABI:
             return None
     except (ShimUnavailableError, OSError, AttributeError):

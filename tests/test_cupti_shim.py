@@ -21,6 +21,7 @@ from argus_exporters._native.build import (
     find_compiler,
     library_name,
     locate,
+    open_library,
 )
 from argus_exporters.kernels.cupti import ProbeUnavailableError
 from argus_exporters.kernels.plumbing import STOPPED, ShimLibrary, ShimPlumbing, select_plumbing
@@ -236,6 +237,41 @@ def test_the_hooks_are_built_for_this_interpreter(cache):
     spec.loader.exec_module(module)
     assert module.abi() == HOOKS_ABI
     assert {"TimedMethod", "TimedWait", "HostRecorder"} <= set(dir(module))
+
+
+@pytest.mark.parametrize("which", ["shim", "events", "hooks"])
+def test_a_damaged_library_is_never_opened(tmp_path, which):
+    """A library cut short (a full disk, a partial copy of a cache) would kill the process with
+    SIGBUS when loaded: a cached one is built again over it before anything opens it, and
+    opens; a prebuilt one is refused with the reason, and left as it is."""
+    from argus_exporters._native.build import (
+        EVENTS_SOURCE,
+        HOOKS_SOURCE,
+        PREBUILT,
+        SOURCE,
+        intact,
+    )
+    from argus_exporters._native.extension import _import
+
+    source = {"shim": SOURCE, "events": EVENTS_SOURCE, "hooks": HOOKS_SOURCE}[which]
+    opener = _import if which == "hooks" else (lambda path: ctypes.CDLL(str(path)))
+    env = {"PATH": os.defpath, "ARGUS_CACHE_DIR": str(tmp_path / "cache")}
+    cached = locate(env, source)
+    whole = cached.read_bytes()
+    assert intact(cached)
+    for cut in (2048, len(whole) // 2, len(whole) - 1):
+        damaged = tmp_path / "damaged.so"  # a new file: the loaded one's pages stay whole
+        damaged.write_bytes(whole[:cut])
+        os.replace(damaged, cached)
+        assert not intact(cached)
+        assert open_library(source, opener, env) is not None
+        assert cached.stat().st_size == len(whole)  # built again, over the damaged one
+        assert intact(cached)
+    prebuilt = tmp_path / "prebuilt.so"
+    prebuilt.write_bytes(whole[:len(whole) // 2])
+    with pytest.raises(ShimUnavailableError, match="damaged"):
+        open_library(source, opener, {**env, PREBUILT[source.name]: str(prebuilt)})
+    assert prebuilt.stat().st_size == len(whole) // 2
 
 
 def test_no_python_headers_says_what_to_do(tmp_path, monkeypatch):

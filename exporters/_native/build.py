@@ -21,6 +21,11 @@ Where the library comes from, first match wins:
 3. A build with ``$CC``, ``cc`` or ``gcc`` into the cache (atomic rename, so ranks starting
    together on one host never see a half-written file).
 
+A library shorter than its ELF headers say (truncated: loading it would kill the process with
+SIGBUS) is never opened: a cached one is built again over it, a prebuilt one is refused with
+that reason. A cached library that still does not open (``open_library``) is built once more
+over it, so one bad file costs one build, not the native path for good.
+
 No compiler and nothing prebuilt: ``ShimUnavailableError`` says so and how to fix it (the
 event reader and the hooks are optional: without them the resolver reads events one ctypes
 call at a time and the hooks' wrappers are Python functions).
@@ -34,12 +39,14 @@ import os
 import platform
 import shutil
 import stat
+import struct
 import subprocess
 import sys
 import sysconfig
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 SOURCE = Path(__file__).resolve().parent / "cupti_shim.c"
 EVENTS_SOURCE = SOURCE.with_name("events.c")
@@ -125,11 +132,12 @@ def find_compiler(env: Mapping[str, str]) -> str | None:
 
 
 def build(out_dir: Path, env: Mapping[str, str] | None = None,
-          source: Path = SOURCE) -> Path:
-    """Compile ``source`` into ``out_dir`` (kept if already there); raises ShimUnavailableError."""
+          source: Path = SOURCE, rebuild: bool = False) -> Path:
+    """Compile ``source`` into ``out_dir`` (kept if already there, unless ``rebuild``: then
+    replaced, atomically); raises ShimUnavailableError."""
     env = os.environ if env is None else env
     target = Path(out_dir) / library_name(source)
-    if target.is_file():
+    if target.is_file() and not rebuild and intact(target):
         return target
     what = WHAT.get(source.name, source.name)
     compiler = find_compiler(env)
@@ -164,25 +172,82 @@ def build(out_dir: Path, env: Mapping[str, str] | None = None,
     return target
 
 
-def locate(env: Mapping[str, str] | None = None, source: Path = SOURCE) -> Path:
-    """The library of ``source`` to load: its prebuilt variable (``ARGUS_CUPTI_SHIM``,
-    ``ARGUS_EVENTS_LIB``), else cached, else built now."""
-    env = os.environ if env is None else env
+def intact(path: Path) -> bool:
+    """Whether the shared library at ``path`` holds everything its ELF headers point at (its
+    program and section headers and each loaded segment): dlopen maps a truncated one and the
+    process dies of SIGBUS touching what is missing. A file that is not 64-bit ELF is not
+    checked (True)."""
+    try:
+        with open(path, "rb") as file:
+            header = file.read(64)
+            size = os.fstat(file.fileno()).st_size
+            if len(header) < 64 or header[:4] != b"\x7fELF" or header[4] != 2:
+                return header[:4] != b"\x7fELF"  # ELF32 or another format: not checked
+            order = "<" if header[5] == 1 else ">"
+            phoff, shoff = struct.unpack_from(order + "QQ", header, 32)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHHH", header, 54)
+            if phoff + phnum * phentsize > size or shoff + shnum * shentsize > size:
+                return False
+            file.seek(phoff)
+            table = file.read(phnum * phentsize)
+    except OSError:
+        return False
+    for at in range(0, len(table) - phentsize + 1, phentsize):
+        offset, = struct.unpack_from(order + "Q", table, at + 8)
+        filesz, = struct.unpack_from(order + "Q", table, at + 32)
+        if offset + filesz > size:
+            return False
+    return phentsize >= 56
+
+
+def _prebuilt(env: Mapping[str, str], source: Path) -> str | None:
+    """The prebuilt library's path its variable names, if set."""
     variable = PREBUILT.get(source.name, "")
-    prebuilt = env.get(variable) if variable else None
+    return (env.get(variable) or None) if variable else None
+
+
+def locate(env: Mapping[str, str] | None = None, source: Path = SOURCE,
+           rebuild: bool = False) -> Path:
+    """The library of ``source`` to load: its prebuilt variable (``ARGUS_CUPTI_SHIM``,
+    ``ARGUS_EVENTS_LIB``, ``ARGUS_HOOKS_LIB``), else cached, else built now (with
+    ``rebuild``, built now over the cached one)."""
+    env = os.environ if env is None else env
+    prebuilt = _prebuilt(env, source)
     if prebuilt:
         if not os.path.isfile(prebuilt):
-            raise ShimUnavailableError(f"{variable}={prebuilt!r} is not a file")
+            raise ShimUnavailableError(f"{PREBUILT[source.name]}={prebuilt!r} is not a file")
+        if not intact(Path(prebuilt)):
+            raise ShimUnavailableError(f"{PREBUILT[source.name]}={prebuilt!r} is damaged "
+                                       "(shorter than its ELF headers say): build it again")
         return Path(prebuilt)
     if not source.is_file():
         raise ShimUnavailableError(f"the source {source} is missing from this install")
     preferred = cache_dir(env)
     try:
-        return build(preferred, env, source)
+        return build(preferred, env, source, rebuild)
     except ShimUnavailableError as exc:
         if env.get("ARGUS_CACHE_DIR") or not str(exc).startswith("cannot write"):
             raise
-    return build(private_temp_dir(), env, source)  # e.g. a read-only home in a container
+    return build(private_temp_dir(), env, source, rebuild)  # e.g. a read-only home
+
+
+Opened = TypeVar("Opened")
+
+
+def open_library(source: Path, opener: Callable[[Path], Opened],
+                 env: Mapping[str, str] | None = None) -> Opened:
+    """``opener(path)`` of ``source``'s library (``locate``: ``ctypes.CDLL``, an extension
+    module's import). A cached library that does not open (OSError, ImportError: truncated,
+    damaged) is built once more over it and opened again; a prebuilt one's error is the
+    caller's. Raises ShimUnavailableError where it cannot be built, else the opener's error."""
+    env = os.environ if env is None else env
+    path = locate(env, source)
+    try:
+        return opener(path)
+    except (OSError, ImportError):
+        if _prebuilt(env, source):
+            raise
+    return opener(locate(env, source, rebuild=True))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,15 +1,21 @@
 """The collective hooks' extension module (``hooks.c``): built for this interpreter on first
-use (``build.locate``: ``ARGUS_HOOKS_LIB``, else the cache, else a compile of about 0.3 s),
-loaded once per process."""
+use (``build.open_library``: ``ARGUS_HOOKS_LIB``, else the cache, else a compile of about
+0.3 s; a damaged cached one is built again), loaded once per process."""
 
 from __future__ import annotations
 
 import importlib.util
 import logging
 import threading
+from pathlib import Path
 from types import ModuleType
 
-from argus_exporters._native.build import HOOKS_ABI, HOOKS_SOURCE, ShimUnavailableError, locate
+from argus_exporters._native.build import (
+    HOOKS_ABI,
+    HOOKS_SOURCE,
+    ShimUnavailableError,
+    open_library,
+)
 
 logger = logging.getLogger("argus_exporters")
 MODULE = "_argus_hooks"  # the name hooks.c's PyInit function gives the module
@@ -34,16 +40,21 @@ def load_hooks() -> ModuleType | None:
 
 def _load() -> ModuleType | None:
     try:
-        path = locate(source=HOOKS_SOURCE)
-        spec = importlib.util.spec_from_file_location(MODULE, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"{path} is not an extension module")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = open_library(HOOKS_SOURCE, _import)
         if module.abi() != HOOKS_ABI:
-            raise ImportError(f"{path} has hooks ABI {module.abi()}, this Argus needs "
-                              f"{HOOKS_ABI}")
+            raise ImportError(f"{module.__file__} has hooks ABI {module.abi()}, this Argus "
+                              f"needs {HOOKS_ABI}")
     except (ShimUnavailableError, ImportError, OSError, AttributeError) as exc:
         logger.info("argus: the collective hooks run as Python (%s)", exc)
         return None
+    return module
+
+
+def _import(path: Path) -> ModuleType:
+    """The extension module at ``path`` (ImportError where it does not load)."""
+    spec = importlib.util.spec_from_file_location(MODULE, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{path} is not an extension module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     return module

@@ -25,11 +25,12 @@ import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar, Protocol
 
 import numpy as np
 
-from argus_exporters._native.build import ABI, ShimUnavailableError, locate
+from argus_exporters._native.build import ABI, SOURCE, ShimUnavailableError, open_library
 from argus_exporters.kernels.cupti import ProbeUnavailableError
 from argus_exporters.kernels.decode import RecordIndex
 
@@ -222,14 +223,18 @@ class ShimLibrary:
 
     @classmethod
     def load(cls, env: Mapping[str, str]) -> ShimLibrary:
-        """Locate (or build) and load the shim; raises ShimUnavailableError."""
-        path = str(locate(env))
-        shim = cls._loaded.get(path)
+        """Locate (or build) and load the shim (once per path); raises
+        ShimUnavailableError."""
+        try:
+            return open_library(SOURCE, cls._open, env)
+        except OSError as exc:
+            raise ShimUnavailableError(f"cannot load the CUPTI shim: {exc}") from None
+
+    @classmethod
+    def _open(cls, path: Path) -> ShimLibrary:
+        shim = cls._loaded.get(str(path))
         if shim is None:
-            try:
-                shim = cls._loaded[path] = cls(ctypes.CDLL(path))
-            except OSError as exc:
-                raise ShimUnavailableError(f"cannot load the CUPTI shim {path}: {exc}") from None
+            shim = cls._loaded[str(path)] = cls(ctypes.CDLL(str(path)))
         return shim
 
     def index_records(self, next_record: int, address: int, valid_size: int,
