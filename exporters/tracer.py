@@ -607,9 +607,9 @@ class Tracer:
         if sampled:  # scale the sampled step's cost to the steps it stands for
             self.health.add_cpu((self._cpu + thread_time() - cpu0) * CPU_SAMPLE_EVERY)
             self._cpu = 0.0
-        self._sampled = sampled = (step.index + 1) % CPU_SAMPLE_EVERY == 0
+        self._sampled = sample_next = (step.index + 1) % CPU_SAMPLE_EVERY == 0
         if self._recorder is not None:
-            self._recorder.sampled = sampled
+            self._recorder.sampled = sample_next
 
     # -- resolution ----------------------------------------------------------------------
     def _recycle(self, step: _Step) -> None:

@@ -243,7 +243,8 @@ def test_the_hooks_are_built_for_this_interpreter(cache):
 def test_a_damaged_library_is_never_opened(tmp_path, which):
     """A library cut short (a full disk, a partial copy of a cache) would kill the process with
     SIGBUS when loaded: a cached one is built again over it before anything opens it, and
-    opens; a prebuilt one is refused with the reason, and left as it is."""
+    opens; a prebuilt one is refused with the reason, and left as it is. Files that are not
+    64-bit ELF are not judged."""
     from argus_exporters._native.build import (
         EVENTS_SOURCE,
         HOOKS_SOURCE,
@@ -267,6 +268,9 @@ def test_a_damaged_library_is_never_opened(tmp_path, which):
         assert open_library(source, opener, env) is not None
         assert cached.stat().st_size == len(whole)  # built again, over the damaged one
         assert intact(cached)
+    for other in (b"MZ not ELF at all", b"\x7fELF\x01" + bytes(60)):  # unchecked formats
+        (tmp_path / "other.so").write_bytes(other)
+        assert intact(tmp_path / "other.so")
     prebuilt = tmp_path / "prebuilt.so"
     prebuilt.write_bytes(whole[:len(whole) // 2])
     with pytest.raises(ShimUnavailableError, match="damaged"):

@@ -181,8 +181,10 @@ def intact(path: Path) -> bool:
         with open(path, "rb") as file:
             header = file.read(64)
             size = os.fstat(file.fileno()).st_size
-            if len(header) < 64 or header[:4] != b"\x7fELF" or header[4] != 2:
-                return header[:4] != b"\x7fELF"  # ELF32 or another format: not checked
+            if header[:4] != b"\x7fELF" or (len(header) > 4 and header[4] != 2):
+                return True  # another format, or 32-bit ELF: not checked
+            if len(header) < 64:
+                return False
             order = "<" if header[5] == 1 else ">"
             phoff, shoff = struct.unpack_from(order + "QQ", header, 32)
             phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHHH", header, 54)
