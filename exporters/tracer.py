@@ -396,9 +396,8 @@ class Tracer:
             recorder = self._recorder
             if recorder is None:
                 recorder = native.HostRecorder(
-                    self, self._lock, self.mark_now, self.begin_collective,
-                    self.end_collective, COLLECTIVE, NO_MARK, 0, MAX_CELLS, STRIDE, END,
-                    WAITED, SLOT_BITS, FULL)
+                    self._lock, self.mark_now, self.begin_collective, self.end_collective,
+                    COLLECTIVE, NO_MARK, 0, MAX_CELLS, STRIDE, END, WAITED, SLOT_BITS, FULL)
                 recorder.enter(self._current)
                 recorder.off, recorder.sampled = self._off, self._sampled
                 self._recorder = recorder

@@ -19,7 +19,7 @@
  * TimedOperator(original, op, state, begin, end, remember, max_pending, tensor_type, key):
  *     a functional collective operator (``_timed_operator``). It remembers the phase name of
  *     the last group label it was called with (until ``renamed()``).
- * HostRecorder(tracer, lock, mark, begin, end, layout...): the tracer's ``begin_collective``
+ * HostRecorder(lock, mark, begin, end, layout...): the tracer's ``begin_collective``
  *     and ``end_collective`` on the host clock (``recorder.begin``, ``recorder.end``): the
  *     same cells and marks in the same order. Its hot state lives here: the tracer hands it
  *     each new step (``enter``) and its ``off`` and ``sampled`` flags. Instead of taking the
@@ -52,35 +52,30 @@ static PyObject *str_group_name;  /* "group_name" */
 static PyObject *no_peer;         /* NO_PEER (-1) */
 static unsigned long long names_generation; /* bumped by renamed(): the wrappers' names go */
 
-/* The object of weak reference ``ref`` is alive. */
-static int alive(PyObject *ref) {
+/* The object weak reference ``ref`` refers to (new reference), or NULL where it is gone. */
+static PyObject *referent(PyObject *ref) {
 #if PY_VERSION_HEX >= 0x030D0000
     PyObject *held = NULL;
-    int found = PyWeakref_GetRef(ref, &held);
-    if (found < 0) {
+    if (PyWeakref_GetRef(ref, &held) < 0) {
         PyErr_Clear();
+        return NULL;
     }
-    Py_XDECREF(held);
-    return found == 1;
+    return held;
 #else
-    return PyWeakref_GetObject(ref) != Py_None;
+    PyObject *held = PyWeakref_GetObject(ref); /* borrowed */
+    if (held == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return held == Py_None ? NULL : Py_NewRef(held);
 #endif
 }
 
 /* ``ref`` (a weak reference) still refers to ``obj``. */
 static int refers_to(PyObject *ref, PyObject *obj) {
-#if PY_VERSION_HEX >= 0x030D0000
-    PyObject *held = NULL;
-    if (PyWeakref_GetRef(ref, &held) < 0) {
-        PyErr_Clear();
-        return 0;
-    }
-    int same = held == obj;
+    PyObject *held = referent(ref);
     Py_XDECREF(held);
-    return same;
-#else
-    return PyWeakref_GetObject(ref) == obj;
-#endif
+    return held != NULL && held == obj;
 }
 
 
@@ -88,7 +83,6 @@ static int refers_to(PyObject *ref, PyObject *obj) {
 
 typedef struct {
     PyObject_HEAD
-    PyObject *tracer;
     PyObject *locked;     /* tracer._lock.locked */
     PyObject *mark;       /* tracer.mark_now (time.perf_counter_ns) */
     PyObject *begin;      /* tracer.begin_collective (everything off the common path) */
@@ -302,7 +296,6 @@ static PyMemberDef recorder_members[] = {
 };
 
 static int recorder_traverse(HostRecorder *self, visitproc visit, void *arg) {
-    Py_VISIT(self->tracer);
     Py_VISIT(self->locked);
     Py_VISIT(self->mark);
     Py_VISIT(self->begin);
@@ -317,7 +310,6 @@ static int recorder_traverse(HostRecorder *self, visitproc visit, void *arg) {
 }
 
 static int recorder_clear(HostRecorder *self) {
-    Py_CLEAR(self->tracer);
     Py_CLEAR(self->locked);
     Py_CLEAR(self->mark);
     Py_CLEAR(self->begin);
@@ -365,15 +357,15 @@ static int same_clock(PyObject *mark) {
 }
 
 static PyObject *recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"tracer", "lock", "mark", "begin", "end", "kind", "no_mark",
+    static char *keywords[] = {"lock", "mark", "begin", "end", "kind", "no_mark",
                                "key", "max_cells", "stride", "end_cell", "waited_cell",
                                "slot_bits", "full", NULL};
-    PyObject *tracer, *lock, *mark, *begin, *end, *kind, *no_mark, *key;
+    PyObject *lock, *mark, *begin, *end, *kind, *no_mark, *key;
     Py_ssize_t max_cells, stride, end_cell, waited_cell;
     long long slot_bits, full;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOOnnnnLL", keywords, &tracer, &lock,
-                                     &mark, &begin, &end, &kind, &no_mark, &key, &max_cells,
-                                     &stride, &end_cell, &waited_cell, &slot_bits, &full)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOOnnnnLL", keywords, &lock, &mark,
+                                     &begin, &end, &kind, &no_mark, &key, &max_cells, &stride,
+                                     &end_cell, &waited_cell, &slot_bits, &full)) {
         return NULL;
     }
     if (slot_bits < 1 || slot_bits > 40 || end_cell >= stride || waited_cell >= stride) {
@@ -390,7 +382,6 @@ static PyObject *recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwar
         Py_DECREF(locked);
         return NULL;
     }
-    self->tracer = Py_NewRef(tracer);
     self->locked = locked;
     self->mark = Py_NewRef(mark);
     self->begin = Py_NewRef(begin);
@@ -951,7 +942,9 @@ static PyObject *labelled_name(TimedOperator *self, PyObject *label) {
         if (same < 0) {
             return NULL;
         }
-        if (same && alive(self->seen)) {
+        PyObject *group = same ? referent(self->seen) : NULL; /* still alive */
+        Py_XDECREF(group);
+        if (group != NULL) {
             return Py_NewRef(self->seen_name);
         }
     }
