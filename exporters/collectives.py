@@ -140,6 +140,15 @@ class Collectives:
         # and the tracer's recording the wrappers call (in C on the host clock with it)
         self.native = load_hooks() if tracer.settings.native_hooks else None
         self.begin, self.end = tracer.collective_recording(self.native)
+        # the C wrappers hold the newest Work and the newest functional result apart from
+        # ``works`` and ``tensors`` (found by identity at their wait, without a key and a
+        # dictionary); empty otherwise
+        native = self.native
+        self.newest_work: Any = native.NewestPending() if native is not None else ()
+        self.newest_result: Any = native.NewestPending() if native is not None else ()
+        # (namespace, name) of the flag ``compiling`` returns, where it is one (the C
+        # wrappers read it there instead of calling the check); found with the check
+        self.compile_flag: tuple[dict[str, Any], str] | None = None
 
     def compiling(self) -> bool:
         """Whether torch.compile is tracing or compiling now (``_compiling``). The check is
@@ -149,6 +158,7 @@ class Collectives:
         import torch
 
         self.compiling = check = _compiling(torch)  # type: ignore[method-assign]
+        self.compile_flag = _compile_flag(torch)
         return check()
 
     def patch(self, owner: Any, attribute: str, replacement: Any) -> None:
@@ -285,6 +295,11 @@ class Collectives:
         self.tracer.update_coords({a: self._learned.get(a, 0) for a in AXES})
 
     # -- timing --------------------------------------------------------------------------
+    def pending(self) -> int:
+        """How many timed collectives await their wait (works, functional results)."""
+        return (len(self.works) + len(self.tensors) + len(self.newest_work)
+                + len(self.newest_result))
+
     def remember(self, pending: dict[int, Any], key: int, token: Any) -> None:
         """A collective was issued (``token``): its interval ends at the wait of ``key``."""
         if len(pending) >= MAX_PENDING:  # works nobody waits for (fire-and-forget sends)
@@ -369,6 +384,9 @@ def _restore(state: Collectives) -> None:
         else:
             setattr(owner, attribute, original)
     state.patched.clear()
+    if state.native is not None:  # what they hold is nobody's to wait for now
+        state.newest_work.clear()
+        state.newest_result.clear()
 
 
 def uninstall() -> None:
@@ -396,7 +414,8 @@ def _patch_process_group(state: Collectives) -> None:
     tracer, works = state.tracer, state.works
     end, mark = state.end, tracer.mark_now
     if state.native is not None:  # the same calls, no Python frame
-        state.patch(Work, "wait", state.native.TimedWait(wait, works, mark, end))
+        state.patch(Work, "wait", state.native.TimedWait(wait, works, mark, end,
+                                                         newest=state.newest_work))
         return
 
     def timed_wait(work, *args, **kwargs):
@@ -412,6 +431,16 @@ def _patch_process_group(state: Collectives) -> None:
     state.patch(Work, "wait", _never_compiled(timed_wait))
 
 
+def _compile_flag(torch: Any) -> tuple[dict[str, Any], str] | None:
+    """Where the flag that ``_compiling``'s check returns lives: (namespace, name), or None
+    where the check is more than one flag."""
+    compiler = torch.compiler
+    if (hasattr(compiler, "_compile_session_context")
+            and isinstance(getattr(compiler, "_is_compiling_flag", None), bool)):
+        return vars(compiler), "_is_compiling_flag"
+    return None
+
+
 def _compiling(torch: Any) -> Callable[[], bool]:
     """Whether torch.compile is tracing or compiling now. A torch with
     ``_compile_session_context`` (2.13) sets ``torch.compiler.is_compiling`` for the whole
@@ -421,8 +450,7 @@ def _compiling(torch: Any) -> Callable[[], bool]:
     compiler = torch.compiler
     is_compiling = compiler.is_compiling
     if hasattr(compiler, "_compile_session_context"):
-        if isinstance(getattr(compiler, "_is_compiling_flag", None), bool):
-            # what it returns, read without a Python frame
+        if _compile_flag(torch) is not None:  # what it returns, read without a Python frame
             return functools.partial(getattr, compiler, "_is_compiling_flag")
         return is_compiling
     try:
@@ -439,7 +467,8 @@ def _timed_method(state: Collectives, original: Any, op: str,
     begin, end = state.begin, state.end
     native = state.native
     if native is not None and not point_to_point:  # the same calls, no Python frame
-        return native.TimedMethod(original, op, state, begin, end, state.remember, MAX_PENDING)
+        return native.TimedMethod(original, op, state, begin, end, state.remember, MAX_PENDING,
+                                  state.newest_work)
 
     def timed(group, *args, **kwargs):
         if state.muted or state.compiling():
@@ -500,7 +529,8 @@ def _timed_wait_tensor(state: Collectives, wait_tensor: Any,
     tensors = state.tensors
     end, mark = state.end, state.tracer.mark_now
     if state.native is not None:  # the same calls, no Python frame
-        return state.native.TimedWait(wait_tensor, tensors, mark, end, key=address)
+        return state.native.TimedWait(wait_tensor, tensors, mark, end, key=address,
+                                      newest=state.newest_result)
 
     def timed_wait_tensor(tensor, *args, **kwargs):
         token = tensors.pop(_storage(address, tensor), None) if tensors else None
@@ -526,7 +556,8 @@ def _timed_operator(state: Collectives, original: Any, op: str,
     begin, end, named = state.begin, state.end, state.named
     if state.native is not None:  # the same calls, no Python frame
         return state.native.TimedOperator(original, op, state, begin, end, state.remember,
-                                          MAX_PENDING, tensor_type, address)
+                                          MAX_PENDING, tensor_type, address,
+                                          state.newest_result)
 
     def timed(*args, **kwargs):
         if state.muted or state.compiling():

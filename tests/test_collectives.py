@@ -249,11 +249,13 @@ ONE_RANK = ONE_RANK_START + textwrap.dedent("""
     out = model(x)
     dist.all_reduce(x, group=sub)
     funcol.all_reduce(x, "sum", sub).wait()                 # its name as the label
-    ops.wait_tensor(ops.all_reduce(x, "sum", sub))          # the group itself as the label
-    out.sum().backward()                                    # (dist.config.compile_on_one_rank)
+    # the group itself as the label (dist.config.compile_on_one_rank; 2.4 takes names only)
+    takes_group = "Any group_name" in str(ops.all_reduce.default._schema)
+    ops.wait_tensor(ops.all_reduce(x, "sum", sub if takes_group else sub.group_name))
+    out.sum().backward()
     optimizer.step()
     state = collectives.installed()
-    pending = len(state.works) + len(state.tensors) if state else 0
+    pending = state.pending() if state else 0
     hooks = type(vars(dist.ProcessGroup)["allreduce"]).__name__  # the wrappers installed
     import gc, weakref
     groups = [weakref.ref(sub)]  # (torch itself keeps the world's group)
@@ -267,17 +269,22 @@ ONE_RANK = ONE_RANK_START + textwrap.dedent("""
 """)
 
 
-def _run_one_rank(tmp_path, env: dict) -> tuple[dict, dict]:
-    script = tmp_path / "one_rank.py"
-    script.write_text(ONE_RANK)
-    spool = tmp_path / "spool"
-    full = {**os.environ, "ARGUS_ENABLED": "1", "ARGUS_SINK": f"file://{spool}",
+def _run_script(tmp_path, source: str, env: dict) -> dict:
+    """Run a one-rank job's ``source`` with Argus on (file sink in ``tmp_path/spool``) and
+    ``env``; what its last line prints (JSON)."""
+    script = tmp_path / "job.py"
+    script.write_text(source)
+    full = {**os.environ, "ARGUS_ENABLED": "1", "ARGUS_SINK": f"file://{tmp_path}/spool",
             "ARGUS_JOB": "one", **env}
     proc = subprocess.run([sys.executable, str(script), str(tmp_path)], env=full,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    trace = load_traces([spool]).traces["one"]
-    return json.loads(proc.stdout.strip().splitlines()[-1]), trace
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _run_one_rank(tmp_path, env: dict) -> tuple[dict, dict]:
+    result = _run_script(tmp_path, ONE_RANK, env)
+    return result, load_traces([tmp_path / "spool"]).traces["one"]
 
 
 def _names_by_step(trace) -> list[set[str]]:
@@ -419,7 +426,7 @@ COMPILED_ONE_RANK = ONE_RANK_START + textwrap.dedent("""
         out.sum().backward()
         optimizer.step()
     state = collectives.installed()
-    pending = len(state.works) + len(state.tensors)
+    pending = state.pending()
     breaks = sum(torch._dynamo.utils.counters["graph_break"].values())
     argus_exporters.shutdown()
     dist.destroy_process_group()
@@ -459,7 +466,7 @@ UNWAITED = textwrap.dedent("""
     argus_exporters.instrument(model, torch.optim.SGD(model.parameters(), lr=0.1))
     works = [dist.all_reduce(torch.ones(1), async_op=True) for _ in range(10_000)]
     tracer = argus_exporters.get_tracer()
-    print(json.dumps({"pending": len(collectives.installed().works),
+    print(json.dumps({"pending": collectives.installed().pending(),
                       "dropped": tracer.health.dropped.get("unwaited", 0)}))
 """)
 
@@ -471,14 +478,7 @@ def test_collectives_nobody_waits_for_are_bounded_and_counted(tmp_path, native):
     from argus_exporters.collectives import MAX_PENDING
 
     _native_or_skip(native)
-    script = tmp_path / "unwaited.py"
-    script.write_text(UNWAITED)
-    env = {**os.environ, "ARGUS_ENABLED": "1", "ARGUS_SINK": f"file://{tmp_path}/spool",
-           "ARGUS_NATIVE_HOOKS": native}
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = _run_script(tmp_path, UNWAITED, {"ARGUS_NATIVE_HOOKS": native})
     assert result["pending"] <= MAX_PENDING
     assert result["pending"] + result["dropped"] == 10_000
 
@@ -501,6 +501,14 @@ RECORDED = ONE_RANK_START + textwrap.dedent("""
     ops = torch.ops._c10d_functional                        # a compiled graph's calls
     ops.wait_tensor(ops.all_gather_into_tensor(x, 1, group_name=group.group_name))
     ops.wait_tensor(ops.all_reduce(x, "sum", group.group_name)[1:])  # waited through a view
+    first = ops.all_reduce(x, "sum", group.group_name)      # two in flight: the newest
+    second = ops.all_gather_into_tensor(x, 1, group_name=group.group_name)  # moves it aside
+    ops.wait_tensor(second[1:])                             # the newest, through a view
+    ops.wait_tensor(first)                                  # the first, moved aside
+    older = dist.all_reduce(x, async_op=True)               # two works in flight: the newest
+    newer = dist.broadcast(x, 0, async_op=True)             # moves the older aside
+    older.wait()
+    newer.wait()
     unwaited = dist.all_reduce(x, async_op=True)            # issued, never waited
     try:
         group.allreduce("not a tensor")                     # the backend refuses the call
@@ -513,10 +521,10 @@ RECORDED = ONE_RANK_START + textwrap.dedent("""
     state = collectives.installed()
     print(json.dumps({"cells": cells, "marks": len(step.marks), "refused": refused,
                       "functional": type(vars(ops.all_reduce)["_op"]).__name__,
-                      "tensors": len(state.tensors),
+                      "tensors": len(state.tensors) + len(state.newest_result),
                       "index": step.index, "sampled": tracer._sampled,
                       "qualname": dist.ProcessGroup.allreduce.__qualname__,
-                      "pending": len(state.works),
+                      "pending": len(state.works) + len(state.newest_work),
                       "hooks": type(vars(dist.ProcessGroup)["allreduce"]).__name__}))
     argus_exporters.shutdown()
     dist.destroy_process_group()
@@ -551,9 +559,61 @@ def test_the_c_wrappers_record_what_the_python_ones_record(tmp_path):
     names = got["1"]["cells"][::8]  # STRIDE cells an interval, its name first
     assert names == ["dp-allreduce", "dp-allreduce", "dp-allgather", "dp-broadcast",
                      "dp-barrier", "dp-allreduce", "dp-allgather", "dp-allreduce",
+                     "dp-allreduce", "dp-allgather", "dp-allreduce", "dp-broadcast",
                      "dp-allreduce", "dp-allreduce"]
     ended = got["1"]["cells"][2::8]  # each one's END mark: none for the unwaited and refused
-    assert [mark >= 0 for mark in ended] == [True] * 8 + [False, False]
+    assert [mark >= 0 for mark in ended] == [True] * 12 + [False, False]
+    # the two in flight at once end in the order they were waited for
+    assert ended[9] < ended[8] and ended[10] < ended[11]
+
+
+HELD = ONE_RANK_START + textwrap.dedent("""
+    import weakref
+    import torch.distributed._functional_collectives  # the hooks wrap the operators then
+    ops = torch.ops._c10d_functional
+    name = dist.group.WORLD.group_name
+    x = torch.ones(4)
+    alive = {}
+    result = ops.all_reduce(x, "sum", name)
+    ref = weakref.ref(result)
+    ops.wait_tensor(result)                                 # waited as itself
+    del result
+    alive["waited"] = ref() is not None
+    result = ops.all_reduce(x, "sum", name)
+    ref = weakref.ref(result)
+    ops.wait_tensor(result[1:])                             # waited through a view
+    del result
+    alive["waited_through_a_view"] = ref() is not None
+    first = ops.all_reduce(x, "sum", name)
+    second = ops.all_reduce(x, "sum", name)
+    refs = [weakref.ref(first), weakref.ref(second)]
+    ops.wait_tensor(first)                                  # the older one first
+    ops.wait_tensor(second)
+    del first, second
+    alive["both_in_flight"] = any(ref() is not None for ref in refs)
+    state = collectives.installed()
+    pending = state.pending()
+    unwaited = ops.all_reduce(x, "sum", name)               # never waited for
+    pending_unwaited = state.pending()
+    collectives.uninstall()
+    print(json.dumps({"alive": alive, "pending": pending, "pending_unwaited": pending_unwaited,
+                      "held_after_uninstall": len(state.newest_work) + len(state.newest_result)}))
+    argus_exporters.shutdown()
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.parametrize("native", ["1", "0"], ids=["c-wrappers", "python-wrappers"])
+def test_a_waited_functional_result_is_not_kept_alive(tmp_path, native):
+    """The C wrappers hold the newest functional result until its wait (found there as itself,
+    without its storage's address): waited for as itself, through a view, or after a newer
+    one was issued, it is let go at its wait; one never waited for is pending (torch keeps it
+    for its wait too) until the hooks are uninstalled."""
+    _native_or_skip(native)
+    got = _run_script(tmp_path, HELD, {"ARGUS_NATIVE_HOOKS": native})
+    assert got == {"alive": {"waited": False, "waited_through_a_view": False,
+                             "both_in_flight": False},
+                   "pending": 0, "pending_unwaited": 1, "held_after_uninstall": 0}
 
 
 def _host_recording(tmp_path):

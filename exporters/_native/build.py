@@ -53,7 +53,7 @@ EVENTS_SOURCE = SOURCE.with_name("events.c")
 HOOKS_SOURCE = SOURCE.with_name("hooks.c")
 ABI = 1  # argus_shim_abi() of a library this Python code can drive
 EVENTS_ABI = 1  # argus_events_abi() of an event reader this Python code can drive
-HOOKS_ABI = 2  # _argus_hooks.abi() of hooks this Python code can drive
+HOOKS_ABI = 3  # _argus_hooks.abi() of hooks this Python code can drive
 ABIS = {SOURCE.name: ABI, EVENTS_SOURCE.name: EVENTS_ABI, HOOKS_SOURCE.name: HOOKS_ABI}
 PREBUILT = {SOURCE.name: "ARGUS_CUPTI_SHIM", EVENTS_SOURCE.name: "ARGUS_EVENTS_LIB",
             HOOKS_SOURCE.name: "ARGUS_HOOKS_LIB"}

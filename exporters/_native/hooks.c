@@ -9,16 +9,19 @@
  * and caches), so either implementation records the same intervals; ``collectives.py`` uses
  * them where this module loads and its own wrappers elsewhere.
  *
- * TimedMethod(original, op, state, begin, end, remember, max_pending): a ProcessGroup
- *     method (not a point-to-point one); binds like a function (an unbound method
- *     descriptor: ``group.allreduce(...)`` calls it with the group first). It remembers the
- *     phase name of the last group it was called on (until ``renamed()``).
- * TimedWait(original, works, mark, end, key=None): ``Work.wait``; with ``key`` (the
- *     address of a tensor's storage), ``wait_tensor`` (``_timed_wait_tensor``: its pending
- *     collectives are keyed by their result's storage).
- * TimedOperator(original, op, state, begin, end, remember, max_pending, tensor_type, key):
- *     a functional collective operator (``_timed_operator``). It remembers the phase name of
- *     the last group label it was called with (until ``renamed()``).
+ * TimedMethod(original, op, state, begin, end, remember, max_pending, newest=None): a
+ *     ProcessGroup method (not a point-to-point one); binds like a function (an unbound
+ *     method descriptor: ``group.allreduce(...)`` calls it with the group first). It
+ *     remembers the phase name of the last group it was called on (until ``renamed()``).
+ * TimedWait(original, works, mark, end, key=None, newest=None): ``Work.wait``; with ``key``
+ *     (the address of a tensor's storage), ``wait_tensor`` (``_timed_wait_tensor``: its
+ *     pending collectives are keyed by their result's storage).
+ * TimedOperator(original, op, state, begin, end, remember, max_pending, tensor_type, key,
+ *     newest=None): a functional collective operator (``_timed_operator``). It remembers the
+ *     phase name of the last group label it was called with (until ``renamed()``).
+ * NewestPending(): the newest collective awaiting its wait (a Work, shared by the methods and
+ *     ``Work.wait``; a functional result, by the operators and ``wait_tensor``): found by
+ *     identity there, without a key and a dictionary.
  * HostRecorder(lock, mark, begin, end, layout...): the tracer's ``begin_collective``
  *     and ``end_collective`` on the host clock (``recorder.begin``, ``recorder.end``): the
  *     same cells and marks in the same order. Its hot state lives here: the tracer hands it
@@ -26,23 +29,35 @@
  *     tracer's lock it checks that nobody holds it: it runs holding the GIL and never lets
  *     it go, so no thread can be inside the lock's Python section meanwhile. Anything off the
  *     common path (the tracer off, a step whose CPU time is sampled, its first mark, a late
- *     or full end, the lock held) is left to the tracer's own methods.
+ *     or full end, the lock held) is left to the tracer's own methods. It writes into the
+ *     step's lists' storage directly, grown once a step to what the last step took (a step's
+ *     reset empties the lists, storage and all: grown item by item, they would be
+ *     reallocated several times a step).
  * The wrappers given a HostRecorder's begin and end call it directly, without a call through
  * Python.
  *
- * The recorder relies on the GIL, so the module does not declare itself free-threading safe:
- * on a free-threaded Python, importing it turns the GIL back on (``ARGUS_NATIVE_HOOKS=0``
- * keeps the Python wrappers there).
+ * The recorder relies on the GIL and writes lists' storage as a GIL build lays it out: on a
+ * free-threaded Python the module does not build, and the Python wrappers run there.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
 #include <time.h>
 
-#define ARGUS_HOOKS_ABI 2
+#define ARGUS_HOOKS_ABI 3
+
+#ifdef Py_GIL_DISABLED
+#error "the C hooks write lists' storage directly and need a CPython with the GIL"
+#endif
+
+/* A collective's cells (tracer.py's layout): name, START, END, KIND, WAITED, KEY, ARG, PEER */
+#define ROW 8
+#define ROW_END 2
+#define ROW_WAITED 4
 
 static PyObject *str_muted;       /* "muted" */
 static PyObject *str_compiling;   /* "compiling" */
+static PyObject *str_compile_flag; /* "compile_flag" */
 static PyObject *str_names;       /* "names" */
 static PyObject *str_cache;       /* "_names" */
 static PyObject *str_cells, *str_marks, *str_index, *str_collectives;
@@ -128,6 +143,25 @@ static int lock_held(HostRecorder *self) {
     return truth;
 }
 
+/* Room for ``more`` items at the end of ``list`` without growing it item by item: 0, or -1
+ * with an exception set. */
+static int room(PyObject *list, Py_ssize_t more) {
+    PyListObject *items = (PyListObject *)list;
+    Py_ssize_t want = Py_SIZE(items) + more;
+    if (want <= items->allocated) {
+        return 0;
+    }
+    Py_ssize_t grown = want < 64 ? 64 : want + (want >> 1);
+    PyObject **moved = PyMem_Realloc(items->ob_item, (size_t)grown * sizeof(PyObject *));
+    if (moved == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    items->ob_item = moved;
+    items->allocated = grown;
+    return 0;
+}
+
 /* begin_collective(name, peer)'s common path: 1 with the token in *token (new reference),
  * 0 when it is left to the tracer's method, -1 with an exception set. */
 static int record_begin(HostRecorder *self, PyObject *name, PyObject *peer, PyObject **token) {
@@ -156,21 +190,24 @@ static int record_begin(HostRecorder *self, PyObject *name, PyObject *peer, PyOb
     if (now == NULL) {
         return -1;
     }
-    int failed = PyList_Append(marks, now);
-    Py_DECREF(now);
-    PyObject *start = failed ? NULL : PyLong_FromSsize_t(at);
-    if (start == NULL) {
+    PyObject *start = PyLong_FromSsize_t(at);
+    if (start == NULL || room(marks, 1) < 0 || room(cells, ROW) < 0) {
+        Py_DECREF(now);
+        Py_XDECREF(start);
         return -1;
     }
-    PyObject *row[8] = {name, start, self->no_mark, self->kind, self->no_mark, self->key,
-                        Py_None, peer};
-    for (int i = 0; i < 8 && !failed; i++) {
-        failed = PyList_Append(cells, row[i]);
-    }
-    Py_DECREF(start);
-    if (failed) {
-        return -1;
-    }
+    PyList_SET_ITEM(marks, at, now);
+    Py_SET_SIZE(marks, at + 1);
+    PyObject **row = ((PyListObject *)cells)->ob_item + base;
+    row[0] = Py_NewRef(name);
+    row[1] = start;
+    row[ROW_END] = Py_NewRef(self->no_mark);
+    row[3] = Py_NewRef(self->kind);
+    row[ROW_WAITED] = Py_NewRef(self->no_mark);
+    row[5] = Py_NewRef(self->key);
+    row[6] = Py_NewRef(Py_None);
+    row[7] = Py_NewRef(peer);
+    Py_SET_SIZE(cells, base + ROW);
     if (!self->flagged) {
         if (PyObject_SetAttr(self->step, str_collectives, Py_True) < 0) {
             return -1;
@@ -201,24 +238,27 @@ static int record_end(HostRecorder *self, PyObject *token_object, PyObject *wait
     if (held != 0) {
         return held < 0 ? -1 : 0;
     }
+    Py_ssize_t at = PyList_GET_SIZE(marks);
+    int waited = waited_from != Py_None;
+    if (room(marks, 2) < 0) {
+        return -1;
+    }
     PyObject *now = mark_now(self);
-    if (now == NULL) {
+    PyObject *end = now ? PyLong_FromSsize_t(at) : NULL;
+    PyObject *waited_at = end && waited ? PyLong_FromSsize_t(at + 1) : NULL;
+    if (end == NULL || (waited && waited_at == NULL)) {
+        Py_XDECREF(now);
+        Py_XDECREF(end);
         return -1;
     }
-    PyObject *end = PyLong_FromSsize_t(PyList_GET_SIZE(marks));
-    if (end == NULL || PyList_SetItem(cells, base + self->end_cell, end) < 0 ||
-        PyList_Append(marks, now) < 0) { /* SetItem takes ``end`` either way */
-        Py_DECREF(now);
-        return -1;
+    PyObject **items = ((PyListObject *)cells)->ob_item + base;
+    Py_SETREF(items[self->end_cell], end);
+    PyList_SET_ITEM(marks, at, now);
+    if (waited) {
+        Py_SETREF(items[self->waited_cell], waited_at);
+        PyList_SET_ITEM(marks, at + 1, Py_NewRef(waited_from));
     }
-    Py_DECREF(now);
-    if (waited_from != Py_None) {
-        PyObject *waited = PyLong_FromSsize_t(PyList_GET_SIZE(marks));
-        if (waited == NULL || PyList_SetItem(cells, base + self->waited_cell, waited) < 0 ||
-            PyList_Append(marks, waited_from) < 0) {
-            return -1;
-        }
-    }
+    Py_SET_SIZE(marks, at + 1 + waited);
     return 1;
 }
 
@@ -268,6 +308,13 @@ static PyObject *recorder_enter(HostRecorder *self, PyObject *step) {
         Py_DECREF(cells);
         Py_DECREF(marks);
         PyErr_SetString(PyExc_TypeError, "a step's cells and marks are lists");
+        return NULL;
+    }
+    /* the room the last step took, taken now, once */
+    if ((self->cells != NULL && room(cells, PyList_GET_SIZE(self->cells)) < 0) ||
+        (self->marks != NULL && room(marks, PyList_GET_SIZE(self->marks)) < 0)) {
+        Py_DECREF(cells);
+        Py_DECREF(marks);
         return NULL;
     }
     Py_XSETREF(self->step, Py_NewRef(step));
@@ -368,8 +415,10 @@ static PyObject *recorder_new(PyTypeObject *type, PyObject *args, PyObject *kwar
                                      &end_cell, &waited_cell, &slot_bits, &full)) {
         return NULL;
     }
-    if (slot_bits < 1 || slot_bits > 40 || end_cell >= stride || waited_cell >= stride) {
-        PyErr_SetString(PyExc_ValueError, "HostRecorder: an impossible layout");
+    if (slot_bits < 1 || slot_bits > 40 || stride != ROW || end_cell != ROW_END ||
+        waited_cell != ROW_WAITED) {
+        PyErr_SetString(PyExc_ValueError,
+                        "HostRecorder: the cells' layout is not the one hooks.c writes");
         return NULL;
     }
     PyObject *locked = PyObject_GetAttrString(lock, "locked");
@@ -456,6 +505,133 @@ static int call_end(HostRecorder *recorder, PyObject *end, PyObject *token,
 }
 
 
+/* ---- the newest functional result awaiting its wait ------------------------------------ */
+
+/* NewestPending(): the newest collective awaiting its wait, held apart from the dictionary
+ * the others wait in: its Work (``Work.wait``) or its functional result (``wait_tensor``), a
+ * strong reference, and its token. Nearly every collective is waited for before the next
+ * one is issued, on the object it gave: the wait finds it by identity, without the key and
+ * dictionary the others go through (a functional result waited on through a view is found
+ * by its storage's address, as in the dictionary). Issuing the next collective moves the
+ * one held into the dictionary, so one at most is held here; torch keeps a collective's Work
+ * and result until its wait as well. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *item;  /* the Work or the result, or NULL */
+    PyObject *token;
+} NewestPending;
+
+static PyTypeObject NewestPendingType;
+
+/* Take the held collective's token (new reference) and let its item go. */
+static PyObject *newest_take(NewestPending *self) {
+    PyObject *token = self->token, *item = self->item;
+    self->token = self->item = NULL;
+    Py_XDECREF(item);
+    return token;
+}
+
+static PyObject *newest_clear_method(NewestPending *self, PyObject *unused) {
+    (void)unused;
+    Py_XDECREF(newest_take(self));
+    Py_RETURN_NONE;
+}
+
+static Py_ssize_t newest_length(NewestPending *self) {
+    return self->item != NULL;
+}
+
+static int newest_traverse(NewestPending *self, visitproc visit, void *arg) {
+    Py_VISIT(self->item);
+    Py_VISIT(self->token);
+    return 0;
+}
+
+static int newest_clear(NewestPending *self) {
+    Py_CLEAR(self->item);
+    Py_CLEAR(self->token);
+    return 0;
+}
+
+static void newest_dealloc(NewestPending *self) {
+    PyObject_GC_UnTrack(self);
+    newest_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef newest_methods[] = {
+    {"clear", (PyCFunction)newest_clear_method, METH_NOARGS,
+     "Let the held collective go (it is not ended)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods newest_sequence = {.sq_length = (lenfunc)newest_length};
+
+static PyTypeObject NewestPendingType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_argus_hooks.NewestPending",
+    .tp_doc = "The newest collective awaiting its wait (its Work or functional result) and "
+              "its token (len: 1 while one is held).",
+    .tp_basicsize = sizeof(NewestPending),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)newest_dealloc,
+    .tp_traverse = (traverseproc)newest_traverse,
+    .tp_clear = (inquiry)newest_clear,
+    .tp_methods = newest_methods,
+    .tp_as_sequence = &newest_sequence,
+};
+
+
+/* Where a pending collective's ``item`` is filed (new reference): key(item), its storage's
+ * address, where ``key`` is given (functional results; their id where they have none),
+ * else its id (Works). */
+static PyObject *pending_key(PyObject *key, PyObject *item);
+
+/* The collective ``token`` waits in ``pending`` under ``key``, bounded as
+ * ``remember(pending, key, token)`` bounds it. 0, or -1 with an exception set. */
+static int pend(PyObject *pending, Py_ssize_t max_pending, PyObject *remember, PyObject *key,
+                PyObject *token) {
+    if (PyDict_CheckExact(pending) && PyDict_GET_SIZE(pending) < max_pending) {
+        return PyDict_SetItem(pending, key, token);
+    }
+    PyObject *remember_args[3] = {pending, key, token};
+    PyObject *done = PyObject_Vectorcall(remember, remember_args, 3, NULL);
+    Py_XDECREF(done);
+    return done == NULL ? -1 : 0;
+}
+
+/* The collective ``token`` waits in ``pending`` under ``item``'s key. 0, or -1. */
+static int file_pending(PyObject *pending, Py_ssize_t max_pending, PyObject *remember,
+                        PyObject *key, PyObject *item, PyObject *token) {
+    PyObject *where = pending_key(key, item);
+    int failed = where == NULL || pend(pending, max_pending, remember, where, token) < 0;
+    Py_XDECREF(where);
+    return failed ? -1 : 0;
+}
+
+/* The collective ``token`` awaits the wait of ``item``: held as the newest (the one held
+ * before moves to ``pending``), or straight in ``pending`` without ``newest``. 0, or -1. */
+static int pend_item(NewestPending *newest, PyObject *pending, Py_ssize_t max_pending,
+                     PyObject *remember, PyObject *key, PyObject *item, PyObject *token) {
+    if (newest == NULL) {
+        return file_pending(pending, max_pending, remember, key, item, token);
+    }
+    if (newest->item != NULL) {
+        PyObject *held = Py_NewRef(newest->item);
+        PyObject *its = newest_take(newest);
+        int failed = file_pending(pending, max_pending, remember, key, held, its);
+        Py_DECREF(held);
+        Py_DECREF(its);
+        if (failed < 0) {
+            return -1;
+        }
+    }
+    Py_XSETREF(newest->item, Py_NewRef(item));
+    Py_XSETREF(newest->token, Py_NewRef(token));
+    return 0;
+}
+
 /* ---- the wrappers ---------------------------------------------------------------------- */
 
 typedef struct {
@@ -469,6 +645,7 @@ typedef struct {
     PyObject *end;        /* tracer.end_collective */
     PyObject *remember;   /* state.remember */
     PyObject *works;      /* state.works: id(work) -> token */
+    NewestPending *newest; /* the newest Work, held apart from ``works``; or NULL */
     HostRecorder *recorder; /* the recorder whose begin and end these are, or NULL */
     PyObject *seen;       /* a weak reference to the last group named here, */
     PyObject *seen_name;  /* its phase name, */
@@ -486,6 +663,7 @@ typedef struct {
     HostRecorder *recorder; /* the recorder whose end this is, or NULL */
     PyObject *key;      /* works are keyed by key(result): its storage's address
                            (wait_tensor); None: by the id of the Work */
+    NewestPending *newest; /* the newest Work or result, held apart from ``works``; or NULL */
 } TimedWait;
 
 /* Where a tensor's data lives (new reference): key(tensor), the same for the views DTensor
@@ -498,6 +676,10 @@ static PyObject *storage_of(PyObject *key, PyObject *tensor) {
         return PyLong_FromVoidPtr(tensor);
     }
     return address;
+}
+
+static PyObject *pending_key(PyObject *key, PyObject *item) {
+    return key != Py_None ? storage_of(key, item) : PyLong_FromVoidPtr(item);
 }
 
 /* state.<name> (new reference), ``attrs`` its __dict__: read there, else as an attribute. */
@@ -518,6 +700,18 @@ static int skipped(PyObject *state, PyObject *attrs) {
     int truth = muted == NULL ? 0 : PyObject_IsTrue(muted);
     if (truth != 0) {
         return truth;
+    }
+    PyObject *flag = PyDict_GetItemWithError(attrs, str_compile_flag); /* borrowed */
+    if (flag != NULL && PyTuple_CheckExact(flag) && PyTuple_GET_SIZE(flag) == 2 &&
+        PyDict_CheckExact(PyTuple_GET_ITEM(flag, 0))) { /* where the check reads its flag */
+        PyObject *value = PyDict_GetItemWithError(PyTuple_GET_ITEM(flag, 0),
+                                                  PyTuple_GET_ITEM(flag, 1));
+        if (value == Py_True || value == Py_False) {
+            return value == Py_True;
+        }
+    }
+    if (PyErr_Occurred()) {
+        return -1;
     }
     PyObject *check = state_attr(state, attrs, str_compiling);
     if (check == NULL) {
@@ -625,6 +819,9 @@ static PyObject *timed_method_call(TimedMethod *self, PyObject *const *args, siz
     if (token == NULL) {
         return NULL;
     }
+    if (token == Py_None && self->newest != NULL && self->newest->item != NULL) {
+        Py_DECREF(newest_take(self->newest)); /* the tracer is off: its end would be lost */
+    }
     PyObject *work = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
     if (work == NULL || token == Py_None) {
         Py_DECREF(token);
@@ -634,19 +831,8 @@ static PyObject *timed_method_call(TimedMethod *self, PyObject *const *args, siz
     if (work == Py_None) {
         failed = call_end(self->recorder, self->end, token, Py_None);
     } else {
-        PyObject *key = PyLong_FromVoidPtr(work);
-        failed = key == NULL;
-        if (key != NULL) {
-            if (PyDict_CheckExact(self->works) && PyDict_GET_SIZE(self->works) < self->max_pending) {
-                failed = PyDict_SetItem(self->works, key, token);
-            } else {
-                PyObject *remember_args[3] = {self->works, key, token};
-                PyObject *done = PyObject_Vectorcall(self->remember, remember_args, 3, NULL);
-                failed = done == NULL;
-                Py_XDECREF(done);
-            }
-            Py_DECREF(key);
-        }
+        failed = pend_item(self->newest, self->works, self->max_pending, self->remember,
+                           Py_None, work, token);
     }
     Py_DECREF(token);
     if (failed) {
@@ -656,31 +842,55 @@ static PyObject *timed_method_call(TimedMethod *self, PyObject *const *args, siz
     return work;
 }
 
-static PyObject *timed_wait_call(TimedWait *self, PyObject *const *args, size_t nargsf,
-                                 PyObject *kwnames) {
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (nargs < 1 || !PyDict_CheckExact(self->works) || PyDict_GET_SIZE(self->works) == 0) {
-        return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+/* The token of the collective waited for on ``item`` (new reference), taken from the newest
+ * one held or the dictionary; NULL, with an exception set or none (not one of ours). */
+static PyObject *waited_token(TimedWait *self, PyObject *item) {
+    NewestPending *newest = self->newest;
+    int held = newest != NULL && newest->item != NULL;
+    if (held && newest->item == item) { /* the common case: the object it gave */
+        return newest_take(newest);
     }
-    PyObject *key = self->key != Py_None ? storage_of(self->key, args[0])
-                                         : PyLong_FromVoidPtr(args[0]);
+    PyObject *key = pending_key(self->key, item);
     if (key == NULL) {
         return NULL;
     }
-    PyObject *token = PyDict_GetItemWithError(self->works, key); /* borrowed */
+    PyObject *token = NULL;
+    if (held && self->key != Py_None) { /* a view of the newest result? */
+        PyObject *its = storage_of(self->key, newest->item);
+        int same = its == NULL ? -1 : PyObject_RichCompareBool(its, key, Py_EQ);
+        Py_XDECREF(its);
+        if (same < 0) {
+            Py_DECREF(key);
+            return NULL;
+        }
+        if (same) {
+            token = newest_take(newest);
+        }
+    }
+    if (token == NULL && PyDict_GET_SIZE(self->works) > 0) {
+        token = Py_XNewRef(PyDict_GetItemWithError(self->works, key)); /* borrowed */
+        if (token != NULL && PyDict_DelItem(self->works, key) < 0) {
+            Py_CLEAR(token);
+        }
+    }
+    Py_DECREF(key);
+    return token;
+}
+
+static PyObject *timed_wait_call(TimedWait *self, PyObject *const *args, size_t nargsf,
+                                 PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs < 1 || !PyDict_CheckExact(self->works) ||
+        (PyDict_GET_SIZE(self->works) == 0 &&
+         (self->newest == NULL || self->newest->item == NULL))) {
+        return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    }
+    PyObject *token = waited_token(self, args[0]);
     if (token == NULL) {
-        Py_DECREF(key);
         if (PyErr_Occurred()) {
             return NULL;
         }
         return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
-    }
-    Py_INCREF(token);
-    int popped = PyDict_DelItem(self->works, key);
-    Py_DECREF(key);
-    if (popped < 0) {
-        Py_DECREF(token);
-        return NULL;
     }
     /* now, on the current stream */
     PyObject *waited_from = self->recorder ? mark_now(self->recorder)
@@ -769,6 +979,7 @@ static int method_traverse(TimedMethod *self, visitproc visit, void *arg) {
     Py_VISIT(self->end);
     Py_VISIT(self->remember);
     Py_VISIT(self->works);
+    Py_VISIT(self->newest);
     Py_VISIT(self->recorder);
     Py_VISIT(self->seen);
     Py_VISIT(self->seen_name);
@@ -784,6 +995,7 @@ static int method_clear(TimedMethod *self) {
     Py_CLEAR(self->end);
     Py_CLEAR(self->remember);
     Py_CLEAR(self->works);
+    Py_CLEAR(self->newest);
     Py_CLEAR(self->recorder);
     Py_CLEAR(self->seen);
     Py_CLEAR(self->seen_name);
@@ -814,11 +1026,15 @@ static HostRecorder *recorder_of(PyObject *begin, PyObject *end) {
 
 static PyObject *method_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"original", "op", "state", "begin", "end", "remember",
-                               "max_pending", NULL};
-    PyObject *original, *op, *state, *begin, *end, *remember;
+                               "max_pending", "newest", NULL};
+    PyObject *original, *op, *state, *begin, *end, *remember, *newest = Py_None;
     Py_ssize_t max_pending;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OUOOOOn", keywords, &original, &op,
-                                     &state, &begin, &end, &remember, &max_pending)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OUOOOOn|O", keywords, &original, &op,
+                                     &state, &begin, &end, &remember, &max_pending, &newest)) {
+        return NULL;
+    }
+    if (newest != Py_None && !PyObject_TypeCheck(newest, &NewestPendingType)) {
+        PyErr_SetString(PyExc_TypeError, "newest is a NewestPending");
         return NULL;
     }
     PyObject *works = PyObject_GetAttrString(state, "works");
@@ -838,6 +1054,7 @@ static PyObject *method_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     self->end = Py_NewRef(end);
     self->remember = Py_NewRef(remember);
     self->works = works;
+    self->newest = newest == Py_None ? NULL : (NewestPending *)Py_NewRef(newest);
     self->recorder = (HostRecorder *)Py_XNewRef((PyObject *)recorder_of(begin, end));
     self->max_pending = max_pending;
     return (PyObject *)self;
@@ -850,6 +1067,7 @@ static int wait_traverse(TimedWait *self, visitproc visit, void *arg) {
     Py_VISIT(self->end);
     Py_VISIT(self->recorder);
     Py_VISIT(self->key);
+    Py_VISIT(self->newest);
     return 0;
 }
 
@@ -860,6 +1078,7 @@ static int wait_clear(TimedWait *self) {
     Py_CLEAR(self->end);
     Py_CLEAR(self->recorder);
     Py_CLEAR(self->key);
+    Py_CLEAR(self->newest);
     return 0;
 }
 
@@ -870,10 +1089,14 @@ static void wait_dealloc(TimedWait *self) {
 }
 
 static PyObject *wait_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    static char *keywords[] = {"original", "works", "mark", "end", "key", NULL};
-    PyObject *original, *works, *mark, *end, *key = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!OO|O", keywords, &original,
-                                     &PyDict_Type, &works, &mark, &end, &key)) {
+    static char *keywords[] = {"original", "works", "mark", "end", "key", "newest", NULL};
+    PyObject *original, *works, *mark, *end, *key = Py_None, *newest = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO!OO|OO", keywords, &original,
+                                     &PyDict_Type, &works, &mark, &end, &key, &newest)) {
+        return NULL;
+    }
+    if (newest != Py_None && !PyObject_TypeCheck(newest, &NewestPendingType)) {
+        PyErr_SetString(PyExc_TypeError, "newest is a NewestPending");
         return NULL;
     }
     TimedWait *self = (TimedWait *)type->tp_alloc(type, 0);
@@ -886,6 +1109,7 @@ static PyObject *wait_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     self->mark = Py_NewRef(mark);
     self->end = Py_NewRef(end);
     self->key = Py_NewRef(key);
+    self->newest = newest == Py_None ? NULL : (NewestPending *)Py_NewRef(newest);
     /* the recorder's clock stands for ``mark`` only where ``mark`` is the recorder's */
     HostRecorder *recorder = owner_of(end, END_FUNCTION);
     if (recorder != NULL && recorder->mark != mark) {
@@ -908,6 +1132,7 @@ typedef struct {
     PyObject *tensors;    /* state.tensors: result's storage -> token */
     PyObject *tensor_type; /* torch.Tensor */
     PyObject *key;        /* the address of a tensor's storage */
+    NewestPending *newest; /* the newest result, held apart from ``tensors``; or NULL */
     HostRecorder *recorder; /* the recorder whose begin and end these are, or NULL */
     PyObject *seen_label; /* the last group label named here, */
     PyObject *seen;       /* a weak reference to its group, */
@@ -1010,20 +1235,8 @@ static int operator_issued(TimedOperator *self, PyObject *token, PyObject *resul
     if (tensor == 0) {
         failed = call_end(self->recorder, self->end, token, Py_None);
     } else if (tensor > 0) {
-        PyObject *key = storage_of(self->key, last);
-        failed = key == NULL;
-        if (key != NULL) {
-            if (PyDict_CheckExact(self->tensors) &&
-                PyDict_GET_SIZE(self->tensors) < self->max_pending) {
-                failed = PyDict_SetItem(self->tensors, key, token);
-            } else {
-                PyObject *remember_args[3] = {self->tensors, key, token};
-                PyObject *done = PyObject_Vectorcall(self->remember, remember_args, 3, NULL);
-                failed = done == NULL;
-                Py_XDECREF(done);
-            }
-            Py_DECREF(key);
-        }
+        failed = pend_item(self->newest, self->tensors, self->max_pending, self->remember,
+                           self->key, last, token);
     }
     Py_DECREF(last);
     return failed ? -1 : 0;
@@ -1047,6 +1260,9 @@ static PyObject *timed_operator_call(TimedOperator *self, PyObject *const *args,
     Py_DECREF(name);
     if (token == NULL) {
         return NULL;
+    }
+    if (token == Py_None && self->newest != NULL && self->newest->item != NULL) {
+        Py_DECREF(newest_take(self->newest)); /* the tracer is off: its end would be lost */
     }
     PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
     if (result != NULL && token != Py_None && operator_issued(self, token, result) < 0) {
@@ -1073,6 +1289,7 @@ static int operator_traverse(TimedOperator *self, visitproc visit, void *arg) {
     Py_VISIT(self->tensors);
     Py_VISIT(self->tensor_type);
     Py_VISIT(self->key);
+    Py_VISIT(self->newest);
     Py_VISIT(self->recorder);
     Py_VISIT(self->seen_label);
     Py_VISIT(self->seen);
@@ -1091,6 +1308,7 @@ static int operator_clear(TimedOperator *self) {
     Py_CLEAR(self->tensors);
     Py_CLEAR(self->tensor_type);
     Py_CLEAR(self->key);
+    Py_CLEAR(self->newest);
     Py_CLEAR(self->recorder);
     Py_CLEAR(self->seen_label);
     Py_CLEAR(self->seen);
@@ -1106,12 +1324,17 @@ static void operator_dealloc(TimedOperator *self) {
 
 static PyObject *operator_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     static char *keywords[] = {"original", "op", "state", "begin", "end", "remember",
-                               "max_pending", "tensor_type", "key", NULL};
+                               "max_pending", "tensor_type", "key", "newest", NULL};
     PyObject *original, *op, *state, *begin, *end, *remember, *tensor_type, *key;
+    PyObject *newest = Py_None;
     Py_ssize_t max_pending;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OUOOOOnOO", keywords, &original, &op,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OUOOOOnOO|O", keywords, &original, &op,
                                      &state, &begin, &end, &remember, &max_pending,
-                                     &tensor_type, &key)) {
+                                     &tensor_type, &key, &newest)) {
+        return NULL;
+    }
+    if (newest != Py_None && !PyObject_TypeCheck(newest, &NewestPendingType)) {
+        PyErr_SetString(PyExc_TypeError, "newest is a NewestPending");
         return NULL;
     }
     PyObject *tensors = PyObject_GetAttrString(state, "tensors");
@@ -1133,6 +1356,7 @@ static PyObject *operator_new(PyTypeObject *type, PyObject *args, PyObject *kwar
     self->tensors = tensors;
     self->tensor_type = Py_NewRef(tensor_type);
     self->key = Py_NewRef(key);
+    self->newest = newest == Py_None ? NULL : (NewestPending *)Py_NewRef(newest);
     self->recorder = (HostRecorder *)Py_XNewRef((PyObject *)recorder_of(begin, end));
     self->max_pending = max_pending;
     return (PyObject *)self;
@@ -1225,6 +1449,7 @@ static struct PyModuleDef hooks_module = {
 PyMODINIT_FUNC PyInit__argus_hooks(void) {
     str_muted = PyUnicode_InternFromString("muted");
     str_compiling = PyUnicode_InternFromString("compiling");
+    str_compile_flag = PyUnicode_InternFromString("compile_flag");
     str_names = PyUnicode_InternFromString("names");
     str_cache = PyUnicode_InternFromString("_names");
     str_cells = PyUnicode_InternFromString("cells");
@@ -1235,11 +1460,12 @@ PyMODINIT_FUNC PyInit__argus_hooks(void) {
     str_named = PyUnicode_InternFromString("named");
     str_group_name = PyUnicode_InternFromString("group_name");
     no_peer = PyLong_FromLong(-1);
-    if (!str_muted || !str_compiling || !str_names || !str_cache || !str_cells ||
+    if (!str_muted || !str_compiling || !str_compile_flag || !str_names || !str_cache || !str_cells ||
         !str_marks || !str_index || !str_collectives || !str_labelled || !str_named ||
         !str_group_name || !no_peer ||
         PyType_Ready(&TimedMethodType) < 0 || PyType_Ready(&TimedWaitType) < 0 ||
-        PyType_Ready(&TimedOperatorType) < 0 || PyType_Ready(&HostRecorderType) < 0) {
+        PyType_Ready(&TimedOperatorType) < 0 || PyType_Ready(&HostRecorderType) < 0 ||
+        PyType_Ready(&NewestPendingType) < 0) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&hooks_module);
@@ -1249,7 +1475,8 @@ PyMODINIT_FUNC PyInit__argus_hooks(void) {
     if (PyModule_AddObjectRef(module, "TimedMethod", (PyObject *)&TimedMethodType) < 0 ||
         PyModule_AddObjectRef(module, "TimedWait", (PyObject *)&TimedWaitType) < 0 ||
         PyModule_AddObjectRef(module, "TimedOperator", (PyObject *)&TimedOperatorType) < 0 ||
-        PyModule_AddObjectRef(module, "HostRecorder", (PyObject *)&HostRecorderType) < 0) {
+        PyModule_AddObjectRef(module, "HostRecorder", (PyObject *)&HostRecorderType) < 0 ||
+        PyModule_AddObjectRef(module, "NewestPending", (PyObject *)&NewestPendingType) < 0) {
         Py_DECREF(module);
         return NULL;
     }
