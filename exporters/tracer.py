@@ -90,7 +90,8 @@ class _Step:
         self.reset(index)
 
     def reset(self, index: int) -> None:
-        """Empty, for step ``index`` (the lists keep their storage)."""
+        """Empty, for step ``index`` (``clear`` frees the lists' storage too: the C recorder
+        grows it again once a step, to what the last step took)."""
         self.index = index
         self.t_ns = 0  # host epoch time at the step's start
         self.first_epoch_ns = 0  # host epoch time when marks[0] was taken

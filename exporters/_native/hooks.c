@@ -617,7 +617,7 @@ static int pend_item(NewestPending *newest, PyObject *pending, Py_ssize_t max_pe
     if (newest == NULL) {
         return file_pending(pending, max_pending, remember, key, item, token);
     }
-    if (newest->item != NULL) {
+    while (newest->item != NULL) { /* again if ``remember`` let a thread hold another */
         PyObject *held = Py_NewRef(newest->item);
         PyObject *its = newest_take(newest);
         int failed = file_pending(pending, max_pending, remember, key, held, its);
@@ -627,8 +627,8 @@ static int pend_item(NewestPending *newest, PyObject *pending, Py_ssize_t max_pe
             return -1;
         }
     }
-    Py_XSETREF(newest->item, Py_NewRef(item));
-    Py_XSETREF(newest->token, Py_NewRef(token));
+    newest->item = Py_NewRef(item);
+    newest->token = Py_NewRef(token);
     return 0;
 }
 
