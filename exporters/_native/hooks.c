@@ -583,31 +583,44 @@ static PyTypeObject NewestPendingType = {
 };
 
 
+/* Where a tensor's data lives (new reference): key(tensor), the same for the views DTensor
+ * waits on as for the collective's result; its id where it has no storage
+ * (collectives._storage). */
+static PyObject *storage_of(PyObject *key, PyObject *tensor) {
+    PyObject *address = PyObject_CallOneArg(key, tensor);
+    if (address == NULL && PyErr_ExceptionMatches(PyExc_Exception)) {
+        PyErr_Clear();
+        return PyLong_FromVoidPtr(tensor);
+    }
+    return address;
+}
+
 /* Where a pending collective's ``item`` is filed (new reference): key(item), its storage's
  * address, where ``key`` is given (functional results; their id where they have none),
  * else its id (Works). */
-static PyObject *pending_key(PyObject *key, PyObject *item);
-
-/* The collective ``token`` waits in ``pending`` under ``key``, bounded as
- * ``remember(pending, key, token)`` bounds it. 0, or -1 with an exception set. */
-static int pend(PyObject *pending, Py_ssize_t max_pending, PyObject *remember, PyObject *key,
-                PyObject *token) {
-    if (PyDict_CheckExact(pending) && PyDict_GET_SIZE(pending) < max_pending) {
-        return PyDict_SetItem(pending, key, token);
-    }
-    PyObject *remember_args[3] = {pending, key, token};
-    PyObject *done = PyObject_Vectorcall(remember, remember_args, 3, NULL);
-    Py_XDECREF(done);
-    return done == NULL ? -1 : 0;
+static PyObject *pending_key(PyObject *key, PyObject *item) {
+    return key != Py_None ? storage_of(key, item) : PyLong_FromVoidPtr(item);
 }
 
-/* The collective ``token`` waits in ``pending`` under ``item``'s key. 0, or -1. */
+/* The collective ``token`` waits in ``pending`` under ``item``'s key, bounded as
+ * ``remember(pending, key, token)`` bounds it. 0, or -1 with an exception set. */
 static int file_pending(PyObject *pending, Py_ssize_t max_pending, PyObject *remember,
                         PyObject *key, PyObject *item, PyObject *token) {
     PyObject *where = pending_key(key, item);
-    int failed = where == NULL || pend(pending, max_pending, remember, where, token) < 0;
-    Py_XDECREF(where);
-    return failed ? -1 : 0;
+    if (where == NULL) {
+        return -1;
+    }
+    int failed;
+    if (PyDict_CheckExact(pending) && PyDict_GET_SIZE(pending) < max_pending) {
+        failed = PyDict_SetItem(pending, where, token);
+    } else {
+        PyObject *remember_args[3] = {pending, where, token};
+        PyObject *done = PyObject_Vectorcall(remember, remember_args, 3, NULL);
+        failed = done == NULL ? -1 : 0;
+        Py_XDECREF(done);
+    }
+    Py_DECREF(where);
+    return failed;
 }
 
 /* The collective ``token`` awaits the wait of ``item``: held as the newest (the one held
@@ -665,22 +678,6 @@ typedef struct {
                            (wait_tensor); None: by the id of the Work */
     NewestPending *newest; /* the newest Work or result, held apart from ``works``; or NULL */
 } TimedWait;
-
-/* Where a tensor's data lives (new reference): key(tensor), the same for the views DTensor
- * waits on as for the collective's result; its id where it has no storage
- * (collectives._storage). */
-static PyObject *storage_of(PyObject *key, PyObject *tensor) {
-    PyObject *address = PyObject_CallOneArg(key, tensor);
-    if (address == NULL && PyErr_ExceptionMatches(PyExc_Exception)) {
-        PyErr_Clear();
-        return PyLong_FromVoidPtr(tensor);
-    }
-    return address;
-}
-
-static PyObject *pending_key(PyObject *key, PyObject *item) {
-    return key != Py_None ? storage_of(key, item) : PyLong_FromVoidPtr(item);
-}
 
 /* state.<name> (new reference), ``attrs`` its __dict__: read there, else as an attribute. */
 static PyObject *state_attr(PyObject *state, PyObject *attrs, PyObject *name) {
